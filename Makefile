@@ -1,0 +1,42 @@
+# Two commands on a fresh machine:  make demo   and   make test
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+ASSIGNMENTS := $(notdir $(patsubst %/,%,$(dir $(wildcard assignments/*/_build_nb.py))))
+
+export TORCH_CPP_LOG_LEVEL := ERROR
+
+.PHONY: install build test demo lab clean student-env
+
+install: $(STAMP)
+
+# torch is pinned to exactly 2.13.0 in pyproject.toml: a bare `torch` pulls a
+# multi-GB CUDA build. pip (not uv/poetry) takes the CPU wheel that is on disk.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[course]'
+	touch $(STAMP)
+
+# Rebuild every source notebook from assignments/*/_build_nb.py, then release/.
+build: $(STAMP)
+	@for a in $(ASSIGNMENTS); do \
+	  echo "build $$a"; \
+	  $(PY) assignments/$$a/_build_nb.py || exit 1; \
+	  $(VENV)/bin/nbgrader generate_assignment $$a --force --log-level=WARN || exit 1; \
+	done
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+# Build the course, autograde the sample submissions with nbgrader, print the gradebook.
+demo: build
+	$(PY) -m autograder.grade demo
+
+# JupyterLab on the release notebooks, as a student would open them.
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab release/
+
+clean:
+	rm -rf submitted autograded feedback gradebook.db .pytest_cache

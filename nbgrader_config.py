@@ -1,0 +1,37 @@
+"""nbgrader configuration of the course (the course root is this folder).
+
+Build:  make build          (source/ from assignments/*/_build_nb.py, then release/)
+Grade:  make demo, or .venv/bin/python -m autograder.grade autograde ASSIGNMENT
+"""
+
+import os
+
+c = get_config()  # noqa: F821 - provided by nbgrader
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+c.CourseDirectory.root = HERE
+c.CourseDirectory.course_id = "llm-parallelism"
+# Submissions and grading outputs live in the course root; the gradebook is sqlite.
+c.CourseDirectory.db_url = "sqlite:///" + os.path.join(HERE, "gradebook.db")
+
+# One fixed wording for every stub, so students can search for it.
+c.ClearSolutions.code_stub = {
+    "python": "# TODO: implement (see the task description above).\nraise NotImplementedError()",
+}
+c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
+
+# Per-cell timeout. The runner's own timeout (20 s per distributed run, and a
+# check stops at its first failure) fires long before this one, so a hung
+# student function is reported with each rank's stack instead of killing the cell.
+c.Execute.timeout = 300
+c.Execute.interrupt_on_timeout = True
+
+# nbgrader scores a test cell 0 when it has ANY stderr output (a FutureWarning
+# of torch, a C++ log line of c10d). Our checks fail by raising, never by
+# printing, so stderr is never a verdict: drop it from graded outputs.
+c.IgnorePattern.enabled = True
+c.IgnorePattern.pattern = r"[\s\S]*"
+
+# Student output can be huge (a debug print in a loop); keep notebooks small.
+c.LimitOutput.max_lines = 200
