@@ -101,12 +101,13 @@ def _set_parent_death_signal() -> None:
 
 def _spawn_main() -> None:
     """Entry point of a spawned rank: `python -c ... WORKDIR RANK WORLD_SIZE BACKEND TIMEOUT`."""
-    workdir, rank, world_size, backend, timeout = sys.argv[1:6]
-    _rank_main(None, int(rank), int(world_size), workdir, backend, float(timeout), by_value=True)
+    workdir, rank, world_size, backend, timeout, check = sys.argv[1:7]
+    _rank_main(None, int(rank), int(world_size), workdir, backend, float(timeout), by_value=True,
+               check_collectives=check == "1")
 
 
 def _rank_main(payload, rank: int, world_size: int, workdir: str, backend: str, timeout: float,
-               by_value: bool) -> None:
+               by_value: bool, check_collectives: bool = True) -> None:
     """Body of one rank process. Never returns normally: exits with a status."""
     out_path = os.path.join(workdir, f"rank{rank}.log")
     # Send this process's fd 1 and 2 (Python and C++ alike) to the rank's log file.
@@ -145,6 +146,11 @@ def _rank_main(payload, rank: int, world_size: int, workdir: str, backend: str, 
             fn, args = payload
         if backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())
+        if check_collectives:
+            # Fingerprint every collective across ranks (TORCH_DISTRIBUTED_DEBUG=DETAIL):
+            # a mismatch raises "Detected mismatch between collectives on ranks ..." on
+            # the spot instead of aborting the rank or returning wrong numbers (spec 6).
+            dist.set_debug_level(dist.DebugLevel.DETAIL)
         store = dist.FileStore(os.path.join(workdir, "store"), world_size)
         dist.init_process_group(
             backend, store=store, rank=rank, world_size=world_size,
@@ -233,13 +239,13 @@ def _describe_exit(code: int | None) -> str:
 class _RankProcess:
     """One rank: a forked multiprocessing.Process or a spawned interpreter (subprocess)."""
 
-    def __init__(self, rank, method, payload, world_size, workdir, backend, timeout):
+    def __init__(self, rank, method, payload, world_size, workdir, backend, timeout, check_collectives):
         self.rank = rank
         if method == "fork":
             ctx = multiprocessing.get_context("fork")
             self._proc = ctx.Process(
                 target=_rank_main, name=f"rank{rank}", daemon=True,
-                args=(payload, rank, world_size, workdir, backend, timeout, False),
+                args=(payload, rank, world_size, workdir, backend, timeout, False, check_collectives),
             )
             self._proc.start()
             self._popen = None
@@ -251,7 +257,8 @@ class _RankProcess:
             code = "from autograder.dist import _spawn_main; _spawn_main()"
             self._proc = None
             self._popen = subprocess.Popen(
-                [sys.executable, "-c", code, workdir, str(rank), str(world_size), backend, str(timeout)],
+                [sys.executable, "-c", code, workdir, str(rank), str(world_size), backend, str(timeout),
+                 "1" if check_collectives else "0"],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )
             self.pid = self._popen.pid
@@ -284,7 +291,7 @@ class _RankProcess:
 
 def run_distributed(fn, world_size: int, *, args: tuple = (), timeout: float = 20.0,
                     backend: str = "gloo", start_method: str | None = None,
-                    show_output: bool = False) -> list:
+                    show_output: bool = False, check_collectives: bool = True) -> list:
     """Run `fn(rank, world_size, *args)` in `world_size` processes; return their results.
 
     The default process group is initialised in every rank (`backend`, a fresh
@@ -293,6 +300,8 @@ def run_distributed(fn, world_size: int, *, args: tuple = (), timeout: float = 2
     Raises `DistributedError` when any rank raises, crashes or hangs.
     With `show_output=True` each rank's stdout/stderr is printed (to stdout) afterwards.
     `start_method` is "fork" or "spawn"; by default fork on a Linux CPU, spawn elsewhere.
+    `check_collectives` fingerprints each collective across ranks (TORCH_DISTRIBUTED_DEBUG=DETAIL)
+    so that ranks calling one collective with different shapes or dtypes fail with a clear error.
     """
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
@@ -321,7 +330,8 @@ def run_distributed(fn, world_size: int, *, args: tuple = (), timeout: float = 2
             except Exception:  # noqa: BLE001
                 pass
         for rank in range(world_size):
-            procs.append(_RankProcess(rank, method, payload, world_size, workdir, backend, timeout))
+            procs.append(_RankProcess(rank, method, payload, world_size, workdir, backend, timeout,
+                                      check_collectives))
         return _supervise(procs, workdir, timeout, show_output)
     finally:
         for p in procs:

@@ -33,6 +33,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
+import torch._dynamo  # noqa: F401 - entering a dispatch mode imports it (~3 s): pay once, before forking ranks
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 

@@ -1,0 +1,244 @@
+"""The distributed runner under the faults a student submission can cause.
+
+    .venv/bin/python -m pytest -q tests/test_dist.py
+
+Each fault must end within its bound, say which rank failed and how, keep the
+ranks' output off the caller's stderr, and leave no process behind.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from autograder.dist import DistributedError, run_distributed
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _children() -> list[int]:
+    """PIDs of live (non-zombie) processes whose parent is this process (Linux /proc)."""
+    me = os.getpid()
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        state, ppid = fields[0], int(fields[1])
+        if ppid == me and state != "Z":
+            out.append(int(name))
+    return out
+
+
+@pytest.fixture(autouse=True)
+def no_orphans():
+    before = set(_children())
+    yield
+    deadline = time.monotonic() + 2
+    while set(_children()) - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert set(_children()) - before == set(), "rank processes were left behind"
+
+
+# --- rank programs (module level, so the spawn path can send them by reference) ---
+
+def _sum_ranks(rank, world_size, base):
+    t = torch.full((3,), float(rank)) + base
+    dist.all_reduce(t)
+    print(f"rank {rank} says hello")
+    return {"rank": rank, "sum": t}
+
+
+def _raise_on_1(rank, world_size):
+    if rank == 1:
+        raise ValueError("student bug on rank 1")
+    dist.barrier()
+
+
+def _exit_3(rank, world_size):
+    if rank == 0:
+        os._exit(3)
+    dist.barrier()
+
+
+def _segfault(rank, world_size):
+    if rank == 1:
+        import ctypes
+
+        ctypes.string_at(0)
+    dist.barrier()
+
+
+def _deadlock(rank, world_size):
+    t = torch.zeros(1)
+    dist.recv(t, src=1 - rank)  # both ranks wait for the other: a classic P2P deadlock
+
+
+def _noisy(rank, world_size):
+    sys.stderr.write("x" * (10 * 2**20))
+    sys.stderr.flush()
+    os.write(2, b"raw fd 2 output\n")
+    return rank
+
+
+def _matmul(rank, world_size):
+    a = torch.randn(256, 256)
+    return float((a @ a).sum())
+
+
+# --- tests ---
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_returns_results_in_rank_order(world_size):
+    out = run_distributed(_sum_ranks, world_size, args=(1.0,))
+    expected = sum(range(world_size)) + world_size
+    assert [o["rank"] for o in out] == list(range(world_size))
+    for o in out:
+        assert torch.equal(o["sum"], torch.full((3,), float(expected)))
+
+
+def test_a_rank_that_raises_is_named_with_its_traceback_fast():
+    t0 = time.monotonic()
+    with pytest.raises(DistributedError) as info:
+        run_distributed(_raise_on_1, 2, timeout=30)
+    elapsed = time.monotonic() - t0
+    msg = str(info.value)
+    assert elapsed < 3, f"took {elapsed:.1f} s to report a failed rank"
+    assert "rank 1 raised an exception" in msg
+    assert "ValueError: student bug on rank 1" in msg
+    assert "_raise_on_1" in msg  # the traceback points at the student's code
+    assert info.value.failures[0].rank == 1  # the root cause is listed first
+
+
+def test_a_rank_that_calls_os_exit_is_named():
+    with pytest.raises(DistributedError) as info:
+        run_distributed(_exit_3, 2, timeout=30)
+    msg = str(info.value)
+    assert "rank 0 died: exited with status 3" in msg
+
+
+def test_a_rank_that_segfaults_is_named_with_its_stack():
+    with pytest.raises(DistributedError) as info:
+        run_distributed(_segfault, 2, timeout=30)
+    msg = str(info.value)
+    assert "rank 1 died: killed by SIGSEGV (segmentation fault)" in msg
+    assert "_segfault" in msg  # faulthandler's stack shows where
+
+
+def test_deadlock_stops_at_timeout_with_every_rank_stack():
+    t0 = time.monotonic()
+    with pytest.raises(DistributedError) as info:
+        run_distributed(_deadlock, 2, timeout=2)
+    elapsed = time.monotonic() - t0
+    msg = str(info.value)
+    assert 2 <= elapsed < 5
+    assert "timed out after 2 s" in msg
+    for rank in (0, 1):
+        assert f"rank {rank} did not finish in time" in msg
+    assert msg.count("in _deadlock") == 2  # each rank's Python stack points at the blocking line
+
+
+def test_rank_output_stays_off_the_callers_stderr(capfd):
+    out = run_distributed(_noisy, 2, timeout=30)
+    assert out == [0, 1]
+    captured = capfd.readouterr()
+    assert captured.err == ""
+    assert "xxxx" not in captured.out
+
+
+def test_output_is_shown_on_request(capfd):
+    run_distributed(_sum_ranks, 2, args=(0.0,), show_output=True)
+    captured = capfd.readouterr()
+    assert "rank 0 says hello" in captured.out and "rank 1 says hello" in captured.out
+    assert captured.err == ""
+
+
+def test_failure_message_includes_a_bounded_tail_of_output():
+    def noisy_then_fail(rank, world_size):
+        print("y" * 100_000)
+        raise RuntimeError("after printing")
+
+    with pytest.raises(DistributedError) as info:
+        run_distributed(noisy_then_fail, 2)
+    msg = str(info.value)
+    assert "earlier bytes not shown" in msg and len(msg) < 20_000
+
+
+def test_forked_ranks_do_not_hang_after_the_parent_used_its_thread_pool():
+    torch.randn(512, 512) @ torch.randn(512, 512)  # the parent's OpenMP pool is now warm (spec 6)
+    out = run_distributed(_matmul, 2, timeout=30)
+    assert len(out) == 2
+
+
+def test_many_runs_in_one_process_use_fresh_rendezvous():
+    for _ in range(10):
+        out = run_distributed(_sum_ranks, 2, args=(0.0,))
+        assert torch.equal(out[0]["sum"], torch.full((3,), 1.0))
+
+
+def test_unpicklable_return_value_is_reported():
+    def returns_a_lambda(rank, world_size):
+        return lambda: 1
+
+    with pytest.raises(DistributedError, match="cannot be sent back"):
+        run_distributed(returns_a_lambda, 2)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="world_size"):
+        run_distributed(_sum_ranks, 0)
+    with pytest.raises(ValueError, match="start_method"):
+        run_distributed(_sum_ranks, 2, args=(0.0,), start_method="forkserver")
+
+
+def test_spawn_runs_a_function_defined_in_main_of_a_script_without_a_guard(tmp_path):
+    """The spawn path (macOS, CUDA) sends __main__-defined code by value; no main guard needed."""
+    script = tmp_path / "student_script.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torch.distributed as dist
+        from autograder.dist import run_distributed
+
+        class Doubler:                      # a class defined in __main__, as in a notebook cell
+            def __call__(self, t):
+                return 2 * t
+
+        def program(rank, world_size, op):
+            t = op(torch.ones(2) * (rank + 1))
+            dist.all_reduce(t)
+            return t
+
+        out = run_distributed(program, 2, args=(Doubler(),), start_method="spawn", timeout=60)
+        print("RESULT", out[0].tolist(), out[1].tolist())
+    """))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": ROOT})
+    assert proc.returncode == 0, proc.stderr
+    assert "RESULT [6.0, 6.0] [6.0, 6.0]" in proc.stdout
+    assert proc.stderr == ""
+
+
+def test_spawn_reports_a_failing_rank():
+    with pytest.raises(DistributedError, match="student bug on rank 1"):
+        run_distributed(_raise_on_1, 2, start_method="spawn", timeout=60)
+
+
+def _mismatched_dtypes(rank, world_size):
+    dist.all_reduce(torch.ones(4, dtype=torch.float32 if rank == 0 else torch.float64))
+
+
+def test_ranks_calling_a_collective_with_different_dtypes_get_a_clear_error():
+    """Without the fingerprint check gloo aborts a rank (SIGABRT) or returns wrong numbers (spec 6)."""
+    with pytest.raises(DistributedError) as info:
+        run_distributed(_mismatched_dtypes, 2, timeout=30)
+    msg = str(info.value)
+    assert "Detected mismatch between collectives on ranks" in msg
+    assert "SIGABRT" not in msg
