@@ -347,6 +347,7 @@ def _supervise(procs: list[_RankProcess], workdir: str, timeout: float, show_out
     first_failure_at = None
     pending = set(range(world_size))
     failed: set[int] = set()
+    exit_order: dict[int, int] = {}
     poll_s = 0.002
     while pending:
         now = time.monotonic()
@@ -358,6 +359,7 @@ def _supervise(procs: list[_RankProcess], workdir: str, timeout: float, show_out
             if code is None:
                 continue
             pending.discard(rank)
+            exit_order[rank] = len(exit_order)
             if code != 0:
                 failed.add(rank)
                 if first_failure_at is None:
@@ -415,10 +417,12 @@ def _supervise(procs: list[_RankProcess], workdir: str, timeout: float, show_out
     # peer's death (connection reset, closed pipe) is listed after the others.
     def secondary(f: RankFailure) -> bool:
         return f.kind == "exception" and any(
-            s in f.detail for s in ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+            s in f.detail for s in ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
+                                    "failed to pass monitoredBarrier")
         )
 
-    failures.sort(key=lambda f: (f.kind in ("timeout", "killed-after-peer-failure"), secondary(f), f.rank))
+    failures.sort(key=lambda f: (f.kind in ("timeout", "killed-after-peer-failure"), secondary(f),
+                                 exit_order.get(f.rank, world_size), f.rank))
     names = ", ".join(str(f.rank) for f in failures)
     if first_failure_at is None:
         summary = (f"run_distributed: timed out after {timeout:g} s with rank(s) {names} still running "
