@@ -35,3 +35,13 @@ c.IgnorePattern.pattern = r"[\s\S]*"
 
 # Student output can be huge (a debug print in a loop); keep notebooks small.
 c.LimitOutput.max_lines = 200
+
+# Feedback shows each failure's message but no hidden test: hidden regions are
+# removed from the test cells, and tracebacks (whose frames quote the cell's
+# source lines) are reduced to "ErrorType: message".
+from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor  # noqa: E402
+from nbgrader.preprocessors import ClearHiddenTests, GetGrades  # noqa: E402
+
+from autograder.nbgrader_plugins import HideTestTracebacks  # noqa: E402
+
+c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, HideTestTracebacks, CSSHTMLHeaderPreprocessor]

@@ -1,0 +1,134 @@
+"""The nbgrader pipeline end to end, on a scratch copy of the course.
+
+    .venv/bin/python -m pytest -q tests/test_pipeline.py
+
+1. Rebuilding from a clean copy reproduces the committed source/ and release/
+   notebooks byte for byte (`make build`'s steps).
+2. `python -m autograder.grade demo` (what `make demo` runs) writes three
+   submissions per assignment (reference, untouched release, one wrong edit),
+   runs real `nbgrader autograde` into the sqlite gradebook and generates
+   feedback: full marks, zero, and partial credit with the expected cells failing.
+3. The feedback shows the failure messages but no hidden-test source.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib
+import os
+import re
+import subprocess
+import sys
+import time
+
+import nbformat
+import pytest
+
+from course import ROOT, assignments, copy_course, nbgrader
+
+sys.path.insert(0, ROOT)
+from autograder.grade import gradebook_rows  # noqa: E402
+from solutions import submissions  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("course"))
+    copy_course(root)
+    for a in assignments():
+        for folder in ("source", "release"):
+            # build from scratch: nothing generated is carried over
+            subprocess.run(["rm", "-rf", os.path.join(root, folder, a)], check=True)
+    for a in assignments():
+        proc = subprocess.run([sys.executable, os.path.join(root, "assignments", a, "_build_nb.py")], cwd=root,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        proc = nbgrader(root, "generate_assignment", a, "--force")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return root
+
+
+def _files(base: str, folder: str) -> dict[str, bytes]:
+    out = {}
+    top = os.path.join(base, folder)
+    for dirpath, _, names in os.walk(top):
+        for n in names:
+            p = os.path.join(dirpath, n)
+            out[os.path.relpath(p, base)] = open(p, "rb").read()
+    return out
+
+
+@pytest.mark.parametrize("folder", ["source", "release"])
+def test_rebuild_reproduces_committed_notebooks_byte_for_byte(course, folder):
+    built = _files(course, folder)
+    committed = _files(ROOT, folder)
+    assert sorted(built) == sorted(committed)
+    different = [p for p in built if built[p] != committed[p]]
+    assert not different, f"rebuilding changes {different}: run `make build` and commit"
+
+
+@pytest.fixture(scope="module")
+def graded(course):
+    t0 = time.monotonic()
+    env = {**os.environ, "PYTHONPATH": course, "TORCH_CPP_LOG_LEVEL": "ERROR"}
+    proc = subprocess.run([sys.executable, "-m", "autograder.grade", "demo"], cwd=course, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
+    seconds = time.monotonic() - t0
+    print(proc.stdout)
+    print(f"demo grading took {seconds:.1f} s")
+    rows = {(r["assignment"], r["student"]): r for r in gradebook_rows(course)}
+    return rows, proc.stdout
+
+
+def _demo_mutant(assignment):
+    dim = assignment.split("_", 1)[1]
+    return [m for m in importlib.import_module(f"solutions.mutants.{dim}").MUTANTS if m.demo][0]
+
+
+@pytest.mark.parametrize("assignment", assignments())
+def test_gradebook_full_zero_and_partial(graded, assignment):
+    rows, stdout = graded
+    ref, untouched, wrong = (rows[(assignment, s)] for s in ("reference", "untouched", "wrong"))
+    assert ref["max_score"] > 0
+    assert ref["score"] == ref["max_score"], f"reference lost points on {ref['lost']}"
+    assert untouched["score"] == 0
+    assert 0 < wrong["score"] < wrong["max_score"]
+    mutant = _demo_mutant(assignment)
+    assert set(wrong["lost"]) == set(mutant.must_fail), (
+        f"the wrong submission ({mutant.name}) lost points on {wrong['lost']}, expected {sorted(mutant.must_fail)}")
+    assert assignment in stdout and "reference" in stdout  # the printed table
+
+
+def _html_text(path: str) -> str:
+    raw = open(path, encoding="utf-8").read()
+    raw = re.sub(r"<style.*?</style>|<script.*?</script>", "", raw, flags=re.S)
+    text = html.unescape(re.sub(r"<[^>]+>", "", raw))
+    return re.sub(r"[ \t]+", " ", text)
+
+
+@pytest.mark.parametrize("assignment", assignments())
+def test_feedback_shows_failures_but_no_hidden_test_source(course, graded, assignment):
+    source = nbformat.read(submissions.notebook_path("source", assignment), as_version=4)
+    hidden = []
+    for cell in source.cells:
+        inside = False
+        for line in cell.source.splitlines():
+            if "BEGIN HIDDEN TESTS" in line:
+                inside = True
+            elif "END HIDDEN TESTS" in line:
+                inside = False
+            elif inside and len(line.strip()) > 15:
+                hidden.append(re.sub(r"[ \t]+", " ", line.strip()))
+    assert hidden
+    name = os.path.basename(submissions.notebook_path("release", assignment)).replace(".ipynb", ".html")
+    autograded = open(os.path.join(course, "autograded", "wrong", assignment,
+                                   name.replace(".html", ".ipynb")), encoding="utf-8").read()
+    assert "BEGIN HIDDEN TESTS" in autograded  # hidden tests did run
+    for student in ("reference", "untouched", "wrong"):
+        text = _html_text(os.path.join(course, "feedback", student, assignment, name))
+        leaked = [line for line in hidden if line in text]
+        assert not leaked, f"feedback of {student} shows hidden-test source: {leaked[:3]}"
+    wrong = _html_text(os.path.join(course, "feedback", "wrong", assignment, name))
+    assert "CheckFailure" in wrong or "DistributedError" in wrong
+    assert re.search(r"rank \d", wrong), "the failure message should name a rank"

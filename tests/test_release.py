@@ -1,0 +1,155 @@
+"""What students receive: release/ plus the autograder package, and nothing else.
+
+    .venv/bin/python -m pytest -q tests/test_release.py
+
+- every release notebook has a stub in each answer cell, and no solution or
+  hidden-test text;
+- the student package (a wheel of `autograder`) holds no solutions and no hidden tests;
+- with only that package and a release notebook, a student who completed the
+  exercises runs every visible test and passes (a clean environment: no repo
+  on the path, `solutions` not importable).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+import zipfile
+
+import nbformat
+import pytest
+
+from course import ROOT, assignments
+
+sys.path.insert(0, ROOT)
+from solutions import submissions  # noqa: E402
+
+STUB = "raise NotImplementedError()"
+
+
+def _meta(cell):
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def _region_lines(source: str, begin: str, end: str) -> list[str]:
+    lines, inside = [], False
+    for line in source.splitlines():
+        if begin in line:
+            inside = True
+        elif end in line:
+            inside = False
+        elif inside and len(line.strip()) >= 12 and not line.strip().startswith("#"):
+            lines.append(line.strip())
+    return lines
+
+
+def _secret_lines(assignment: str) -> tuple[list[str], list[str]]:
+    source = nbformat.read(submissions.notebook_path("source", assignment), as_version=4)
+    solution, hidden = [], []
+    for cell in source.cells:
+        solution += _region_lines(cell.source, "### BEGIN SOLUTION", "### END SOLUTION")
+        hidden += _region_lines(cell.source, "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")
+    return solution, hidden
+
+
+def _visible_text(assignment: str) -> set[str]:
+    """Lines that legitimately appear outside secret regions of the source (e.g. a docstring)."""
+    source = nbformat.read(submissions.notebook_path("source", assignment), as_version=4)
+    out = set()
+    for cell in source.cells:
+        inside = False
+        for line in cell.source.splitlines():
+            if "### BEGIN" in line:
+                inside = True
+            elif "### END" in line:
+                inside = False
+            elif not inside:
+                out.add(line.strip())
+    return out
+
+
+@pytest.mark.parametrize("assignment", assignments())
+def test_release_has_stubs_and_no_solution_or_hidden_test_text(assignment):
+    release_path = submissions.notebook_path("release", assignment)
+    release = nbformat.read(release_path, as_version=4)
+    text = open(release_path, encoding="utf-8").read()
+    for marker in ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"):
+        assert marker not in text, f"{release_path} contains {marker!r}"
+    answer_cells = [c for c in release.cells if _meta(c).get("solution")]
+    assert answer_cells, "no answer cells in the release"
+    for cell in answer_cells:
+        assert STUB in cell.source, f"answer cell {_meta(cell)['grade_id']} has no stub"
+    solution, hidden = _secret_lines(assignment)
+    assert solution and hidden, "the source notebook should have solution and hidden-test regions"
+    allowed = _visible_text(assignment)
+    released = {line.strip() for c in release.cells for line in c.source.splitlines()}
+    leaked = [line for line in solution + hidden if line in released and line not in allowed]
+    assert not leaked, f"secret lines in {release_path}: {leaked[:5]}"
+
+
+@pytest.fixture(scope="module")
+def student_package(tmp_path_factory):
+    """The autograder wheel, as the instructor ships it, installed into an empty folder."""
+    tmp = tmp_path_factory.mktemp("student")
+    wheel_dir = tmp / "wheel"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(wheel_dir), ROOT], check=True, capture_output=True)
+    wheels = glob.glob(str(wheel_dir / "*.whl"))
+    assert len(wheels) == 1
+    target = tmp / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), wheels[0]],
+                   check=True, capture_output=True)
+    return wheels[0], target
+
+
+def test_student_package_holds_no_solutions_or_hidden_tests(student_package):
+    wheel, _ = student_package
+    names = zipfile.ZipFile(wheel).namelist()
+    assert any(n.startswith("autograder/dist.py") for n in names)
+    assert not [n for n in names if n.startswith(("solutions/", "tests/", "source/"))], names
+    body = "\n".join(zipfile.ZipFile(wheel).read(n).decode("utf-8", "replace") for n in names if n.endswith(".py"))
+    for assignment in assignments():
+        solution, hidden = _secret_lines(assignment)
+        leaked = [line for line in hidden if line in body]
+        assert not leaked, f"hidden-test lines of {assignment} in the student package: {leaked[:3]}"
+        assert "BEGIN HIDDEN TESTS" not in body
+
+
+_STUDENT_RUN = r"""
+import sys, nbformat
+from nbclient import NotebookClient
+try:
+    import solutions
+    raise SystemExit("solutions is importable in the student environment")
+except ImportError:
+    pass
+import autograder
+assert autograder.__file__.startswith(sys.argv[2]), autograder.__file__
+nb = nbformat.read(sys.argv[1], as_version=4)
+NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True).execute()
+bad = []
+for cell in nb.cells:
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "error":
+            bad.append((cell.metadata.get("nbgrader", {}).get("grade_id"), out["ename"], out["evalue"][:300]))
+        if out.get("output_type") == "stream" and out.get("name") == "stderr":
+            bad.append((cell.metadata.get("nbgrader", {}).get("grade_id"), "stderr", out["text"][:300]))
+print("ERRORS", bad)
+sys.exit(1 if bad else 0)
+"""
+
+
+@pytest.mark.parametrize("assignment", assignments())
+def test_a_student_with_only_the_package_runs_every_visible_test(assignment, student_package, tmp_path):
+    _, site = student_package
+    nb = submissions.reference_submission(assignment)  # the release notebook, completed by a student
+    path = tmp_path / "lab.ipynb"
+    nbformat.write(nb, str(path))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    env["PYTHONPATH"] = str(site)
+    env["PYTHONNOUSERSITE"] = "1"
+    proc = subprocess.run([sys.executable, "-c", _STUDENT_RUN, str(path), str(site)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
