@@ -7,7 +7,7 @@ ASSIGNMENTS := $(notdir $(patsubst %/,%,$(dir $(wildcard assignments/*/_build_nb
 
 export TORCH_CPP_LOG_LEVEL := ERROR
 
-.PHONY: install build test demo lab clean student-env
+.PHONY: install build test demo lab clean student-package
 
 install: $(STAMP)
 
@@ -38,5 +38,12 @@ demo: build
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab release/
 
+# What students receive: the autograder wheel (runner, ledger, public checks) and release/.
+student-package: $(STAMP)
+	rm -rf dist && mkdir -p dist
+	$(PY) -m pip wheel --quiet --no-deps --no-build-isolation -w dist .
+	tar czf dist/release.tar.gz release
+	@ls -1 dist
+
 clean:
-	rm -rf submitted autograded feedback gradebook.db .pytest_cache
+	rm -rf submitted autograded feedback gradebook.db .pytest_cache dist
