@@ -25,6 +25,7 @@ def adamw_update_(param, grad, state, *, lr, beta1, beta2, eps, weight_decay):
     element-wise ops give the same bits on a slice as on the whole tensor.
     The state is created on the first call (step 0, zero moments of `param`'s dtype).
     """
+    ### BEGIN SOLUTION
     if not state:
         state["step"] = torch.tensor(0.0, dtype=torch.float32)  # torch keeps a float32 step tensor
         state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
@@ -39,6 +40,7 @@ def adamw_update_(param, grad, state, *, lr, beta1, beta2, eps, weight_decay):
     step_size = lr / bias_correction1
     denom = (state["exp_avg_sq"].sqrt() / bias_correction2**0.5).add_(eps)
     param.addcdiv_(state["exp_avg"], denom, value=-step_size)
+    ### END SOLUTION
 
 
 def flatten_linear_params(weight, bias, world_size):

@@ -481,6 +481,11 @@ def check_zero_comm(opt_cls, *, world_size=2, dims=(5, 7, 3), batch=3, steps=2, 
     check_consistent([o["comm"] for o in outs], context="ZeroShardedOptimizer.step")
 
 
+def _skipped(flag, step):
+    """frozen/unused: never a grad; late: no grad at step 0 (its step counter lags behind)."""
+    return flag in ("frozen", "unused") or (flag == "late" and step == 0)
+
+
 def _rounding_rank(rank, world_size, opt_cls, params, grads, flags, lrs, backend):
     dev = _device(rank, backend)
     ps = [nn.Parameter(p.clone().to(dev), requires_grad=flag != "frozen") for p, flag in zip(params, flags)]
@@ -488,13 +493,13 @@ def _rounding_rank(rank, world_size, opt_cls, params, grads, flags, lrs, backend
     for step, lr in enumerate(lrs):
         opt.param_groups[0]["lr"] = lr
         for i, p in enumerate(ps):
-            p.grad = None if flags[i] in ("frozen", "unused") else grads[step][rank][i].to(dev)
+            p.grad = None if _skipped(flags[i], step) else grads[step][rank][i].to(dev)
         opt.step()
     return [p.detach().cpu() for p in ps]
 
 
 def check_zero_rounding(opt_cls, *, world_size=2, shapes=((3, 5), (7,), (1,), (2, 2), (4,)),
-                        flags=("", "", "unused", "", "frozen"), lrs=(1e-2, 3e-3, 1e-2), seed=0, backend="gloo"):
+                        flags=("", "late", "unused", "", "frozen"), lrs=(1e-2, 3e-3, 1e-2), seed=0, backend="gloo"):
     """float32: agreement with torch.optim.AdamW to rtol 1e-7 (same operations in the same order).
 
     Gradients are small dyadic numbers, so their average over the ranks is
@@ -511,7 +516,7 @@ def check_zero_rounding(opt_cls, *, world_size=2, shapes=((3, 5), (7,), (1,), (2
     for step, lr in enumerate(lrs):
         opt.param_groups[0]["lr"] = lr
         for i, p in enumerate(ref):
-            p.grad = None if flags[i] in ("frozen", "unused") else sum(grads[step][r][i] for r in range(world_size)) / world_size
+            p.grad = None if _skipped(flags[i], step) else sum(grads[step][r][i] for r in range(world_size)) / world_size
         opt.step()
     for rank, out in enumerate(outs):
         for i, p in enumerate(ref):
@@ -681,7 +686,9 @@ def check_fsdp_frees(shard_fn, *, world_size=2, dims=(5, 7, 3), batch=3, bias=Tr
     outs, model, _, _ = _run_fsdp(shard_fn, world_size, dims, batch, bias, dtype, seed, backend)
     linears = [m for m in model if isinstance(m, nn.Linear)]
     full_shapes = {tuple(lin.weight.shape) for lin in linears} - {(batch, d) for d in dims}
-    full_shapes |= {(_flat([p.detach() for p in lin.parameters()], world_size).numel(),) for lin in linears}
+    padded = [_flat([p.detach() for p in lin.parameters()], world_size).numel() for lin in linears]
+    full_shapes |= {(n,) for n in padded}
+    full_shapes -= {(n // world_size,) for n in padded}  # a shard may have the size of another layer's full buffer
     for rank, o in enumerate(outs):
         if world_size > 1 and o["n_gathers"] == 0:
             raise CheckFailure(f"rank {rank}: forward issued no all-gather; gather the flat parameter in forward.")
