@@ -1,0 +1,147 @@
+"""The notebook of assignment 01 (data parallelism), graded in-process.
+
+    .venv/bin/python -m pytest -q -s tests/test_data_parallel_notebook.py
+
+(a) the reference submission gets full marks (and its time is printed);
+(b) the untouched release notebook fails every graded cell;
+(c) each mutant fails its must_fail cells with a readable message; the demo
+    mutant also passes some cell (partial credit);
+(d) the release notebook holds no solution text and no hidden test text;
+(e) the builder is deterministic: rebuilding gives the committed source notebook.
+"""
+
+import copy
+import os
+import sys
+import time
+
+import nbformat
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from solutions.mutants.data_parallel import MUTANTS  # noqa: E402
+from solutions.submissions import (mutant_submission, notebook_path, reference_submission,  # noqa: E402
+                                   run_graded_cells, untouched_submission)
+
+A = "01_data_parallel"
+
+
+def _meta(cell):
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def _graded_ids():
+    source = nbformat.read(notebook_path("source", A), as_version=4)
+    return [_meta(c)["grade_id"] for c in source.cells if _meta(c).get("grade")]
+
+
+def _only(nb, keep):
+    """The notebook without scratch/picture cells and without graded cells outside `keep` (speed)."""
+    nb = copy.deepcopy(nb)
+    nb.cells = [c for c in nb.cells
+                if c.cell_type == "markdown"
+                or (_meta(c) and (not _meta(c).get("grade") or _meta(c)["grade_id"] in keep))]
+    return nb
+
+
+def test_reference_gets_full_marks():
+    t0 = time.monotonic()
+    results = run_graded_cells(reference_submission(A), A)
+    elapsed = time.monotonic() - t0
+    print(f"\n{A}: reference graded in-process in {elapsed:.1f} s "
+          f"({sum(r.points for r in results.values()):g} points)")
+    failed = {k: r.message for k, r in results.items() if not r.passed}
+    assert not failed, failed
+    assert set(results) == set(_graded_ids())
+    assert sum(r.points for r in results.values()) == 100
+    assert elapsed < 15, f"reference grading took {elapsed:.1f} s"
+
+
+def test_untouched_release_fails_every_graded_cell():
+    results = run_graded_cells(untouched_submission(A), A)
+    passed = [k for k, r in results.items() if r.passed]
+    assert not passed, f"cells passing on the stub: {passed}"
+    assert set(results) == set(_graded_ids())
+
+
+def test_exactly_one_demo_mutant():
+    assert sum(m.demo for m in MUTANTS) == 1
+    ids = set(_graded_ids())
+    for m in MUTANTS:
+        assert m.must_fail and m.must_fail <= ids, m.name
+
+
+def _readable(message: str) -> bool:
+    first = message.splitlines()[0] if message else ""
+    return ("CheckFailure" in first or "DistributedError" in first or "ValueError" in first) and (
+        "rank" in message or "grad" in message)
+
+
+@pytest.mark.parametrize("m", MUTANTS, ids=[m.name for m in MUTANTS])
+def test_mutant_is_caught(m):
+    keep = set(m.must_fail)
+    if m.demo:
+        keep |= set(_graded_ids())
+    results = run_graded_cells(_only(mutant_submission(A, m), keep), A)
+    for cell in m.must_fail:
+        r = results[cell]
+        assert not r.passed, f"mutant {m.name} ({m.why}) passes {cell}"
+        assert _readable(r.message), f"mutant {m.name}: unclear failure in {cell}: {r.message[:500]}"
+    if m.demo:
+        passed = [k for k, r in results.items() if r.passed]
+        assert passed, "the demo mutant must get partial credit"
+        assert set(results) - set(passed) == set(m.must_fail)
+
+
+def _region_lines(source, begin, end):
+    lines, inside = [], False
+    for line in source.splitlines():
+        if begin in line:
+            inside = True
+        elif end in line:
+            inside = False
+        elif inside and len(line.strip()) >= 12 and not line.strip().startswith("#"):
+            lines.append(line.strip())
+    return lines
+
+
+def test_release_has_no_solution_or_hidden_text():
+    source = nbformat.read(notebook_path("source", A), as_version=4)
+    release_path = notebook_path("release", A)
+    release = nbformat.read(release_path, as_version=4)
+    text = open(release_path, encoding="utf-8").read()
+    for marker in ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"):
+        assert marker not in text
+    secret = []
+    outside = set()
+    for cell in source.cells:
+        secret += _region_lines(cell.source, "### BEGIN SOLUTION", "### END SOLUTION")
+        secret += _region_lines(cell.source, "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")
+        inside = False
+        for line in cell.source.splitlines():
+            inside = ("### BEGIN" in line) or (inside and "### END" not in line)
+            if not inside and "### " not in line:
+                outside.add(line.strip())
+    assert len(secret) > 50
+    released = {line.strip() for c in release.cells for line in c.source.splitlines()}
+    leaked = [line for line in secret if line in released and line not in outside]
+    assert not leaked, leaked[:5]
+    answer_cells = [c for c in release.cells if _meta(c).get("solution")]
+    assert len(answer_cells) == 6
+    assert all("raise NotImplementedError()" in c.source for c in answer_cells)
+
+
+def test_builder_is_deterministic(tmp_path):
+    sys.path.insert(0, os.path.join(ROOT, "assignments", A))
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_dp_build", os.path.join(ROOT, "assignments", A, "_build_nb.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "nb.ipynb"
+    mod.build().write(str(out))
+    with open(notebook_path("source", A), encoding="utf-8") as f:
+        committed = f.read()
+    assert out.read_text(encoding="utf-8") == committed
