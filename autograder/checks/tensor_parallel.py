@@ -284,7 +284,11 @@ def _layer_rank(rank, world_size, cls, kind, cases, backend):
         layer = cls(case["in"], case["out"], tp_group=group, **kwargs)
         weight = _param(layer, "weight", kind, rank)
         bias = _param(layer, "bias", kind, rank)
-        w0 = _cpu(weight).clone() if isinstance(weight, torch.Tensor) else weight
+        if not isinstance(weight, torch.Tensor) or tuple(weight.shape) != tuple(case["w_shape"]):
+            got = fmt_shape(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
+            raise CheckFailure(f"rank {rank}: {case['ctx']}: .weight has shape {got}, expected "
+                               f"{fmt_shape(case['w_shape'])} (this rank's shard of the [out, in] master_weight)")
+        w0 = _cpu(weight).clone()
         b0 = _cpu(bias).clone() if isinstance(bias, torch.Tensor) else bias
         x = case["x"][rank].to(dev).clone().requires_grad_()
         g = case["g"][rank].to(dev)

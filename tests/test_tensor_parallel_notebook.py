@@ -1,0 +1,166 @@
+"""The graded notebook of assignment 02 (TP / SP): reference, stubs, mutants, release, rebuild.
+
+    .venv/bin/python -m pytest -q -s tests/test_tensor_parallel_notebook.py
+
+(a) the reference submission gets full marks (its in-process grading time is
+printed); (b) the untouched release fails every graded cell; (c) every mutant
+fails each cell of its `must_fail` with a message that names a rank or a
+tensor (only those cells and a few that must still pass are run, to keep the
+suite fast: the full mutant x cell table is in solutions/mutants/tensor_parallel.py);
+(d) the release notebook holds no solution or hidden-test text; (e) the
+builder reproduces the committed source notebook byte for byte.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import os
+import sys
+import tempfile
+import time
+
+import nbformat
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from solutions.mutants.tensor_parallel import MUTANTS  # noqa: E402
+from solutions.submissions import (  # noqa: E402
+    mutant_submission, notebook_path, reference_submission, run_graded_cells, untouched_submission,
+)
+
+A = "02_tensor_parallel"
+
+# Cells that a mutant must still pass (partial credit, or a failure confined to one behaviour).
+MUST_PASS = {
+    "copy_to_identity_backward": {"test_reduce_from_region", "test_gather_from_region", "test_row_parallel_linear"},
+    "sp_allreduce_then_split": {"test_column_parallel_linear", "test_tp_pair_communication"},
+    "scatter_no_divisibility_check": {"test_scatter_to_region"},
+    "ce_no_max_subtraction": {"test_vocab_parallel_cross_entropy"},
+    "overlap_wait_immediately": {"test_async_allreduce_gradients"},
+    "overlap_sync_allreduce": {"test_async_allreduce_gradients"},
+    "sp_grads_every_parameter": {"test_parallel_mlp"},
+}
+
+
+def _meta(cell) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def _run_selected(nb, grade_ids: set[str]) -> dict:
+    """Like run_graded_cells(nb, A), but runs only the graded cells in `grade_ids` (and every nbgrader cell before)."""
+    source = nbformat.read(notebook_path("source", A), as_version=4)
+    tests = {_meta(c)["grade_id"]: c.source for c in source.cells if _meta(c).get("grade")}
+    namespace: dict = {"__name__": "__main__"}
+    results = {}
+    for cell in nb.cells:
+        meta = _meta(cell)
+        if cell.cell_type != "code" or not meta:
+            continue  # markdown and scratch cells (the picture) are not needed
+        gid = meta["grade_id"]
+        if meta.get("grade") and gid not in grade_ids:
+            continue
+        src = tests[gid] if meta.get("grade") else cell.source
+        ok, msg = True, ""
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                exec(compile(src, f"<cell {gid}>", "exec"), namespace)
+        except Exception as exc:  # noqa: BLE001 - a cell error is a verdict
+            ok, msg = False, f"{type(exc).__name__}: {exc}"
+        if meta.get("grade"):
+            results[gid] = (ok, msg)
+    return results
+
+
+def test_reference_gets_full_marks():
+    t0 = time.perf_counter()
+    results = run_graded_cells(reference_submission(A), A)
+    elapsed = time.perf_counter() - t0
+    print(f"\n{A}: reference graded in-process in {elapsed:.1f} s (all cells, the picture included)")
+    failed = {k: v.message for k, v in results.items() if not v.passed}
+    assert not failed, failed
+    total = sum(v.points for v in results.values())
+    assert total == 100, total
+    assert elapsed < 30, f"in-process grading took {elapsed:.1f} s; keep the test cells well under 15 s"
+
+
+def test_untouched_release_fails_every_cell():
+    results = run_graded_cells(untouched_submission(A), A)
+    passed = [k for k, v in results.items() if v.passed]
+    assert not passed, f"cells passing on the stubs: {passed}"
+    for k, v in results.items():
+        assert "NotImplementedError" in v.message or "ValueError" in v.message, (k, v.message[:300])
+
+
+def test_exactly_one_demo_mutant():
+    assert sum(m.demo for m in MUTANTS) == 1
+    graded = {_meta(c)["grade_id"] for c in nbformat.read(notebook_path("source", A), as_version=4).cells
+              if _meta(c).get("grade")}
+    for m in MUTANTS:
+        assert m.must_fail <= graded, (m.name, m.must_fail - graded)
+        assert MUST_PASS.get(m.name, set()).isdisjoint(m.must_fail)
+
+
+@pytest.mark.parametrize("m", MUTANTS, ids=[m.name for m in MUTANTS])
+def test_mutant_is_caught(m):
+    must_pass = MUST_PASS.get(m.name, set())
+    results = _run_selected(mutant_submission(A, m), set(m.must_fail) | must_pass)
+    for gid in sorted(m.must_fail):
+        ok, msg = results[gid]
+        assert not ok, f"mutant {m.name} ({m.why}) passed {gid}"
+        assert "rank " in msg or msg.startswith(("CheckFailure", "ValueError")), \
+            f"mutant {m.name}: {gid} failed with an unclear message:\n{msg[:500]}"
+    for gid in sorted(must_pass):
+        ok, msg = results[gid]
+        assert ok, f"mutant {m.name} should still pass {gid}: {msg[:500]}"
+    if m.demo:
+        assert must_pass, "the demo mutant must earn partial credit"
+
+
+def _region_lines(source: str, begin: str, end: str) -> list[str]:
+    lines, inside = [], False
+    for line in source.splitlines():
+        if begin in line:
+            inside = True
+        elif end in line:
+            inside = False
+        elif inside and len(line.strip()) >= 12 and not line.strip().startswith("#"):
+            lines.append(line.strip())
+    return lines
+
+
+def test_release_has_no_solution_or_hidden_text():
+    source = nbformat.read(notebook_path("source", A), as_version=4)
+    release = nbformat.read(notebook_path("release", A), as_version=4)
+    secret, public = [], set()
+    for cell in source.cells:
+        secret += _region_lines(cell.source, "### BEGIN SOLUTION", "### END SOLUTION")
+        secret += _region_lines(cell.source, "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")
+        inside = False
+        for line in cell.source.splitlines():  # lines that legitimately appear outside secret regions
+            if "### BEGIN" in line:
+                inside = True
+            elif "### END" in line:
+                inside = False
+            elif not inside:
+                public.add(line.strip())
+    text = "\n".join(c.source for c in release.cells)
+    assert "BEGIN SOLUTION" not in text and "HIDDEN TESTS" not in text
+    leaked = [line for line in secret if line not in public and line in text]
+    assert not leaked, leaked[:5]
+    stubs = [c for c in release.cells if _meta(c).get("solution")]
+    assert stubs and all("raise NotImplementedError()" in c.source for c in stubs)
+
+
+def test_builder_reproduces_the_source_notebook():
+    spec = importlib.util.spec_from_file_location("_build_tp_nb", os.path.join(ROOT, "assignments", A, "_build_nb.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "nb.ipynb")
+        module.build().write(path)
+        with open(path, "rb") as f, open(notebook_path("source", A), "rb") as g:
+            assert f.read() == g.read(), "source notebook is stale: run assignments/02_tensor_parallel/_build_nb.py"
