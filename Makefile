@@ -6,6 +6,8 @@ STAMP := $(VENV)/.installed
 ASSIGNMENTS := $(notdir $(patsubst %/,%,$(dir $(wildcard assignments/*/_build_nb.py))))
 
 export TORCH_CPP_LOG_LEVEL := ERROR
+# nbgrader runs `alembic` from PATH
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: install build test demo lab clean student-package
 
@@ -38,11 +40,12 @@ demo: build
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab release/
 
-# What students receive: the autograder wheel (runner, ledger, public checks) and release/.
+# What students receive: the autograder wheel (runner, ledger, public checks), and
+# release/ with the lessons (assignments/*/*.md; the notebooks link to them).
 student-package: $(STAMP)
 	rm -rf dist && mkdir -p dist
 	$(PY) -m pip wheel --quiet --no-deps --no-build-isolation -w dist .
-	tar czf dist/release.tar.gz release
+	tar czf dist/course-release.tar.gz release $(wildcard assignments/*/*.md)
 	@ls -1 dist
 
 clean:

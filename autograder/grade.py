@@ -43,7 +43,9 @@ def released_assignments(root: str) -> list[str]:
 def _nbgrader(root: str, *args: str) -> None:
     exe = os.path.join(os.path.dirname(sys.executable), "nbgrader")
     cmd = [exe if os.path.exists(exe) else "nbgrader", *args, "--log-level=WARN"]
-    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"}
+    # nbgrader runs `alembic` (and the kernel) from PATH: put this interpreter's bin first
+    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR",
+           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
     proc = subprocess.run(cmd, cwd=root, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"autograder.grade: `{' '.join(cmd)}` failed with status {proc.returncode}")

@@ -37,5 +37,7 @@ def copy_course(dest: str) -> str:
 
 def nbgrader(root: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     exe = os.path.join(VENV_BIN, "nbgrader")
-    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", "PYTHONPATH": root}
+    # nbgrader runs `alembic` from PATH: put the venv's bin first
+    env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", "PYTHONPATH": root,
+           "PATH": VENV_BIN + os.pathsep + os.environ.get("PATH", "")}
     return subprocess.run([exe, *args], cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
