@@ -165,3 +165,66 @@ def test_flat_linear_layout_round_trip():
     assert torch.equal(w, lin.weight.detach()) and torch.equal(b, lin.bias.detach())
     w, b = unflatten_linear_params(flatten_linear_params(lin.weight, None, 2), 5, 3, False)
     assert torch.equal(w, lin.weight.detach()) and b is None
+
+
+# ---------------------------------------------------------------------------
+# Honest checks: another correct design passes them too
+# ---------------------------------------------------------------------------
+
+class TorchAdamWOnPieces(torch.optim.Optimizer):
+    """ZeRO the Megatron way: one shard tensor per parameter range, torch's own AdamW on them."""
+
+    def __init__(self, params, *, group, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        self.group = group
+        self.params_ = [p for p in self.param_groups[0]["params"] if p.requires_grad]
+        d, r = dist.get_world_size(group), dist.get_rank(group)
+        total = sum(p.numel() for p in self.params_)
+        self.shard = -(-total // d)
+        lo, hi = r * self.shard, (r + 1) * self.shard
+        self.pieces, offset = [], 0
+        for p in self.params_:
+            a, b = max(offset, lo), min(offset + p.numel(), hi)
+            if a < b:
+                self.pieces.append((p, a - offset, b - offset, a - lo,
+                                    nn.Parameter(p.detach().reshape(-1)[a - offset:b - offset].clone())))
+            offset += p.numel()
+        self.inner = torch.optim.AdamW([t for *_, t in self.pieces] or [nn.Parameter(torch.zeros(1))],
+                                       lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        d = dist.get_world_size(self.group)
+        like = self.params_[0]
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params_])
+        flat = torch.cat([flat, flat.new_zeros(self.shard * d - flat.numel())])
+        grad = torch.empty(self.shard, dtype=like.dtype)
+        if d > 1:
+            dist.reduce_scatter_single(grad, flat, op=dist.ReduceOp.AVG, group=self.group)
+        else:
+            grad.copy_(flat)
+        out = torch.zeros(self.shard, dtype=like.dtype)
+        for p, a, b, pos, t in self.pieces:
+            t.copy_(p.reshape(-1)[a:b])
+            t.grad = None if p.grad is None else grad[pos:pos + b - a].clone()
+        self.inner.param_groups[0]["lr"] = self.param_groups[0]["lr"]
+        self.inner.step()
+        for p, a, b, pos, t in self.pieces:
+            out[pos:pos + b - a] = t
+        full = torch.empty(self.shard * d, dtype=like.dtype)
+        if d > 1:
+            dist.all_gather_single(full, out, group=self.group)
+        else:
+            full.copy_(out)
+        offset = 0
+        for p in self.params_:
+            p.copy_(full[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_torch_adamw_on_pieces_passes_the_zero_checks(world_size):
+    checks.check_zero_matches_adamw(TorchAdamWOnPieces, world_size=world_size, lrs=(1e-2, 5e-3), **ODD)
+    checks.check_zero_rounding(TorchAdamWOnPieces, world_size=world_size)
+    checks.check_zero_state_sharded(TorchAdamWOnPieces, world_size=world_size, **ODD)
+    checks.check_zero_comm(TorchAdamWOnPieces, world_size=world_size, **ODD)

@@ -375,10 +375,13 @@ def _state_summary(opt):
             for v in value:
                 walk(key, v)
 
-    state = getattr(opt, "state", None)
-    if isinstance(state, dict):
-        for value in state.values():
-            walk("state", value)
+    # optimizer.state, and that of inner optimizers (torch's AdamW run on the owned pieces)
+    holders = [opt] + [v for v in vars(opt).values() if isinstance(v, torch.optim.Optimizer) and v is not opt]
+    for holder in holders:
+        state = getattr(holder, "state", None)
+        if isinstance(state, dict):
+            for value in state.values():
+                walk("state", value)
     return summary
 
 
@@ -438,13 +441,20 @@ def check_zero_matches_adamw(opt_cls, *, world_size=2, dims=(5, 7, 3), batch=3, 
 
 def check_zero_state_sharded(opt_cls, *, world_size=2, dims=(5, 7, 3), batch=3, steps=2, unused=False,
                              frozen=False, tied=False, dtype=torch.float64, seed=0, backend="gloo"):
-    """Each rank's optimizer state (tensors in `optimizer.state`) covers at most its shard, in the right dtype."""
+    """Each rank's optimizer state (tensors in `optimizer.state`, or in an inner optimizer's) covers its shard only."""
     outs, model = _run_zero(opt_cls, world_size, dims, batch, [1e-2] * steps, unused, frozen, tied, dtype, seed,
                             backend)
     padded, total = _padded(model, world_size)
     shard = padded // world_size
     want = str(torch.float64 if dtype == torch.float64 else torch.float32)
     for rank, out in enumerate(outs):
+        lo, hi = rank * shard, (rank + 1) * shard
+        owned, offset = 0, 0  # elements of this rank's range that belong to parameters with a gradient
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                if not name.startswith("unused"):
+                    owned += max(0, min(offset + p.numel(), hi) - max(offset, lo))
+                offset += p.numel()
         summary = out["state"]
         if not summary:
             raise CheckFailure(f"rank {rank}: found no state tensors in optimizer.state; keep AdamW's exp_avg and "
@@ -454,6 +464,10 @@ def check_zero_state_sharded(opt_cls, *, world_size=2, dims=(5, 7, 3), batch=3, 
                 raise CheckFailure(f"rank {rank}: optimizer state {key!r} holds {numel} elements; the shard of this "
                                    f"rank is {shard} elements ({total} parameters padded to {padded}, over "
                                    f"{world_size} ranks). ZeRO keeps state for the owned range only.")
+            if numel < owned:
+                raise CheckFailure(f"rank {rank}: optimizer state {key!r} holds {numel} elements, but this rank "
+                                   f"updates {owned} elements of its range [{lo}, {hi}) that have gradients; "
+                                   f"each needs its own AdamW state.")
             if dtypes != [want]:
                 raise CheckFailure(f"rank {rank}: optimizer state {key!r} has dtype {dtypes}, expected {want} for "
                                    f"{str(dtype).replace('torch.', '')} parameters.")
@@ -734,6 +748,7 @@ def plot_memory_ledger(zero_bytes_fn, *, num_params=7e9, dp_size=8):
         bottom = [b + v for b, v in zip(bottom, vals)]
     for i, total in enumerate(bottom):
         ax.text(i, total, f"{total:.1f} GiB", ha="center", va="bottom")
+    ax.set_ylim(0, max(bottom) * 1.15)
     ax.set_ylabel("GiB per rank")
     ax.set_title(f"Model state per rank, {num_params / 1e9:g}B parameters, d = {dp_size}")
     ax.legend(fontsize=8)
