@@ -26,7 +26,7 @@ def adamw_update_(param, grad, state, *, lr, beta1, beta2, eps, weight_decay):
     The state is created on the first call (step 0, zero moments of `param`'s dtype).
     """
     ### BEGIN SOLUTION
-    if not state:
+    if "step" not in state:
         state["step"] = torch.tensor(0.0, dtype=torch.float32)  # torch keeps a float32 step tensor
         state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
         state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
@@ -119,7 +119,7 @@ class ZeroShardedOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        """Reduce-scatter grads, AdamW on the owned range, all-gather params (all in the `outside` phase)."""
+        """Reduce-scatter the flat gradient, AdamW on the owned range, all-gather the parameters."""
         if closure is not None:
             raise ValueError("ZeroShardedOptimizer.step: closures are not supported")
         if not self._params:

@@ -85,6 +85,8 @@ def test_zero_sharded_optimizer(world_size):
 def test_zero_float32_state_and_padding():
     checks.check_zero_state_sharded(ZeroShardedOptimizer, world_size=4, dims=(3, 4, 1), dtype=torch.float32)
     checks.check_zero_comm(ZeroShardedOptimizer, world_size=4, dims=(3, 4, 1), dtype=torch.float32)
+    # bf16 parameters: float32 state (a master copy of the owned pieces, exp_avg, exp_avg_sq)
+    checks.check_zero_state_sharded(ZeroShardedOptimizer, world_size=2, dims=(3, 4, 1), dtype=torch.bfloat16)
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])
