@@ -158,6 +158,10 @@ def _rank_main(payload, rank: int, world_size: int, workdir: str, backend: str, 
         )
         try:
             result = fn(rank, world_size, *args)  # the rank program
+            # No rank may close its connections while a peer is still using
+            # them (a fast rank exiting early makes a slow one fail with
+            # "Connection closed by peer"): meet once more before tearing down.
+            dist.barrier()
         finally:
             try:
                 dist.destroy_process_group()

@@ -48,11 +48,11 @@ _C10D = {
     "allreduce_coalesced_": ("all_reduce", "tensors"),
     "_allgather_base_": ("all_gather", "output_tensor"),
     "allgather_into_tensor_coalesced_": ("all_gather", "outputs"),
-    "allgather_": ("all_gather", "input_tensors"),
+    "allgather_": ("all_gather", "cat:output_tensors"),  # list API: the concatenated outputs
     "allgather_coalesced_": ("all_gather", "input_list"),
     "_reduce_scatter_base_": ("reduce_scatter", "input_tensor"),
     "reduce_scatter_tensor_coalesced_": ("reduce_scatter", "inputs"),
-    "reduce_scatter_": ("reduce_scatter", "output_tensors"),
+    "reduce_scatter_": ("reduce_scatter", "cat:input_tensors"),  # list API: the concatenated inputs
     "alltoall_base_": ("all_to_all", "input"),
     "alltoall_": ("all_to_all", "input_tensors"),
     "broadcast_": ("broadcast", "tensors"),
@@ -240,10 +240,19 @@ class CommLedger(TorchDispatchMode):
         schema_args = func._schema.arguments
         by_name = {a.name: v for a, v in zip(schema_args, args)}
         by_name.update(kwargs)
+        full_shape = None
         if shape_arg == "__out__":
             tensor = _first_tensor(out)
         elif shape_arg is None:
             tensor = None
+        elif shape_arg.startswith("cat:"):
+            # list[list[Tensor]]: the per-rank pieces of one collective, concatenated on dim 0
+            pieces = by_name.get(shape_arg[4:])
+            pieces = pieces[0] if pieces and isinstance(pieces[0], (list, tuple)) else pieces
+            tensor = _first_tensor(pieces)
+            if tensor is not None:
+                rows = sum(p.shape[0] if p.dim() else 1 for p in pieces)
+                full_shape = (rows, *tuple(tensor.shape[1:])) if tensor.dim() else (rows,)
         else:
             tensor = _first_tensor(by_name.get(shape_arg))
         size, gname = _group_info(by_name)
@@ -258,8 +267,11 @@ class CommLedger(TorchDispatchMode):
                 async_op = bool(by_name[a.name]) if a.name in by_name else bool(a.default_value)
         in_splits = by_name.get("input_split_sizes")
         out_splits = by_name.get("output_split_sizes")
-        shape = tuple(tensor.shape) if tensor is not None else ()
-        nbytes = tensor.numel() * tensor.element_size() if tensor is not None else 0
+        shape = full_shape or (tuple(tensor.shape) if tensor is not None else ())
+        numel = 1
+        for d in shape:
+            numel *= d
+        nbytes = numel * tensor.element_size() if tensor is not None else 0
         self.records.append(CommRecord(
             op=name, phase=self._phase(), shape=shape,
             dtype=_dtype_name(tensor.dtype) if tensor is not None else "",

@@ -48,7 +48,12 @@ def source_of(module, *names: str) -> str:
             node_names = [node.target.id]
         for n in node_names:
             start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-            found[n] = "\n".join(lines[start - 1:node.end_lineno])
+            end = node.end_lineno
+            # The AST ends at the last statement: keep the indented `### END SOLUTION`
+            # that closes the last body (a comment, invisible to the AST).
+            while end < len(lines) and lines[end].startswith((" ", "\t")) and lines[end].strip() == "### END SOLUTION":
+                end += 1
+            found[n] = "\n".join(lines[start - 1:end])
     missing = [n for n in names if n not in found]
     if missing:
         raise KeyError(f"{module.__name__} ({path}) has no top-level {', '.join(missing)}")

@@ -41,6 +41,8 @@ def _program(rank, world_size):
             dist.all_gather_single(out, torch.ones(4, 3))
             shard = torch.empty(2, 3)
             dist.reduce_scatter_single(shard, torch.ones(2 * world_size, 3))
+        pieces = [torch.empty(2, 3) for _ in range(world_size)]
+        dist.all_gather(pieces, torch.ones(2, 3))  # the list API: recorded as the full [2w, 3]
         a = torch.empty(4, 3)
         dist.all_to_all_single(a, torch.ones(4, 3), [2, 2], [2, 2])
         ops = [dist.P2POp(dist.isend, torch.ones(5), (rank + 1) % world_size),
@@ -58,8 +60,8 @@ def test_ledger_records_ops_shapes_and_phases():
         ("forward", (4, 3), "float64", 2, False),
         ("backward", (4, 3), "float64", 2, True),
     ]
-    assert select(records, op="all_gather")[0].shape == (8, 3)  # the gathered (full) tensor
-    assert select(records, op="all_gather")[0].phase == "outside"
+    gathers = select(records, op="all_gather")
+    assert [(g.shape, g.phase, g.bytes) for g in gathers] == [((8, 3), "outside", 96), ((4, 3), "forward", 48)]
     assert select(records, op="reduce_scatter")[0].shape == (4, 3)  # the full input
     a2a = select(records, op="all_to_all")[0]
     assert a2a.input_split_sizes == (2, 2) and a2a.output_split_sizes == (2, 2)

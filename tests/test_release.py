@@ -91,30 +91,48 @@ def test_release_has_stubs_and_no_solution_or_hidden_test_text(assignment):
 
 @pytest.fixture(scope="module")
 def student_package(tmp_path_factory):
-    """The autograder wheel, as the instructor ships it, installed into an empty folder."""
+    """The autograder wheel, as the instructor ships it, in a fresh environment.
+
+    The environment is a new venv that sees the course venv's third-party
+    packages (torch, nbclient, ipykernel: a .pth line) but not its editable
+    install of this repository: `autograder` comes from the wheel alone.
+    """
     tmp = tmp_path_factory.mktemp("student")
     wheel_dir = tmp / "wheel"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                     "-w", str(wheel_dir), ROOT], check=True, capture_output=True)
     wheels = glob.glob(str(wheel_dir / "*.whl"))
     assert len(wheels) == 1
-    target = tmp / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), wheels[0]],
+    venv = tmp / "venv"
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
+    python = venv / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    course_site = [p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix)][0]
+    with open(os.path.join(site, "course_third_party.pth"), "w") as f:
+        f.write(course_site + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", site, wheels[0]],
                    check=True, capture_output=True)
-    return wheels[0], target
+    return wheels[0], str(python), site
 
 
 def test_student_package_holds_no_solutions_or_hidden_tests(student_package):
-    wheel, _ = student_package
+    wheel = student_package[0]
     names = zipfile.ZipFile(wheel).namelist()
-    assert any(n.startswith("autograder/dist.py") for n in names)
+    for module in ("dist.py", "ledger.py", "compare.py", "checks/__init__.py"):
+        assert f"autograder/{module}" in names, names
+    for assignment in assignments():
+        assert f"autograder/checks/{assignment.split('_', 1)[1]}.py" in names, names
     assert not [n for n in names if n.startswith(("solutions/", "tests/", "source/"))], names
     body = "\n".join(zipfile.ZipFile(wheel).read(n).decode("utf-8", "replace") for n in names if n.endswith(".py"))
     for assignment in assignments():
         solution, hidden = _secret_lines(assignment)
         leaked = [line for line in hidden if line in body]
         assert not leaked, f"hidden-test lines of {assignment} in the student package: {leaked[:3]}"
-        assert "BEGIN HIDDEN TESTS" not in body
+        # generic short lines (`return module`) may coincide; a substantive solution line may not
+        leaked = [line for line in solution if len(line) >= 30 and line in body]
+        assert not leaked, f"solution lines of {assignment} in the student package: {leaked[:3]}"
 
 
 _STUDENT_RUN = r"""
@@ -125,8 +143,9 @@ try:
     raise SystemExit("solutions is importable in the student environment")
 except ImportError:
     pass
-import autograder
+import autograder, autograder.checks
 assert autograder.__file__.startswith(sys.argv[2]), autograder.__file__
+assert autograder.checks.__file__.startswith(sys.argv[2]), autograder.checks.__file__
 nb = nbformat.read(sys.argv[1], as_version=4)
 NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True).execute()
 bad = []
@@ -143,13 +162,13 @@ sys.exit(1 if bad else 0)
 
 @pytest.mark.parametrize("assignment", assignments())
 def test_a_student_with_only_the_package_runs_every_visible_test(assignment, student_package, tmp_path):
-    _, site = student_package
+    _, python, site = student_package
     nb = submissions.reference_submission(assignment)  # the release notebook, completed by a student
     path = tmp_path / "lab.ipynb"
     nbformat.write(nb, str(path))
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
-    env["PYTHONPATH"] = str(site)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PYTHONNOUSERSITE"] = "1"
-    proc = subprocess.run([sys.executable, "-c", _STUDENT_RUN, str(path), str(site)], cwd=tmp_path, env=env,
+    env["PATH"] = os.path.dirname(python) + os.pathsep + env.get("PATH", "")
+    proc = subprocess.run([python, "-c", _STUDENT_RUN, str(path), site], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

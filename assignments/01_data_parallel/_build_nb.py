@@ -18,28 +18,8 @@ from autograder.nbbuild import NotebookBuilder, source_of  # noqa: E402
 from solutions import data_parallel as dp  # noqa: E402
 from solutions import data_parallel_sharded as sharded  # noqa: E402
 
-def source_with_markers(module, *names):
-    """`source_of`, plus the indented comment lines right after each definition.
-
-    Works around autograder.nbbuild.source_of cutting a definition at its last
-    statement (ast end_lineno), which drops a final `### END SOLUTION`.
-    """
-    with open(module.__file__, encoding="utf-8") as f:
-        lines = f.read().splitlines()
-    parts = []
-    for name in names:
-        text = source_of(module, name)
-        first = text.splitlines()[0]
-        start = next(i for i, line in enumerate(lines) if line == first)
-        end = start + len(text.splitlines())
-        while end < len(lines) and lines[end].startswith((" ", "\t")) and lines[end].lstrip().startswith("#"):
-            end += 1
-        parts.append("\n".join(lines[start:end]))
-    return "\n\n\n".join(parts)
-
-
 def solution_cell(nb, grade_id, module, *names):
-    nb.solution(grade_id, source_with_markers(module, *names), names=list(names))
+    nb.solution_from(grade_id, module, *names)
 
 
 ASSIGNMENT = "01_data_parallel"

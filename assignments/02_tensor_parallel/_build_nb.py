@@ -8,8 +8,6 @@ and tensor_parallel_loss.py (one source of truth); test cells call the public
 checks in autograder/checks/tensor_parallel.py, with hidden cases.
 """
 
-import ast
-import inspect
 import os
 import sys
 
@@ -26,35 +24,9 @@ LESSON = "../../assignments/02_tensor_parallel"
 OUT = os.path.join(ROOT, "source", ASSIGNMENT, "tensor_parallel_lab.ipynb")
 
 
-def _source(module, *names: str) -> str:
-    """Like autograder.nbbuild.source_of, but keeps the `### END SOLUTION` line that closes a body.
-
-    source_of cuts each definition at its AST end (its last statement), which
-    drops a trailing `### END SOLUTION` comment of the last method or function
-    body; nbgrader then sees unbalanced markers. Here each definition runs on
-    through the indented marker lines that follow it.
-    """
-    path = inspect.getsourcefile(module)
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    lines = text.splitlines()
-    spans = {}
-    for node in ast.parse(text).body:
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            start = min([node.lineno] + [d.lineno for d in node.decorator_list])
-            end = node.end_lineno
-            while end < len(lines) and lines[end].startswith((" ", "\t")) and lines[end].strip() == "### END SOLUTION":
-                end += 1
-            spans[node.name] = "\n".join(lines[start - 1:end])
-    missing = [n for n in names if n not in spans]
-    if missing:
-        raise KeyError(f"{module.__name__} has no top-level {', '.join(missing)}")
-    return "\n\n\n".join(spans[n] for n in names)
-
-
 def _solution(nb, grade_id: str, module, *names: str) -> None:
     """An answer cell holding `names` from the solution module (markers kept whole)."""
-    nb.solution(grade_id, _source(module, *names), names=list(names))
+    nb.solution_from(grade_id, module, *names)
 
 
 def _mapping_tests(nb, grade_id, points, name, doc, tp_kind: bool) -> None:
