@@ -444,7 +444,6 @@ def _filter_stack(stack: str) -> str:
     for line in stack.splitlines():
         if __file__ in line and "_rank_main" in line:
             out.append("  (rank started by autograder.dist.run_distributed)")
-            skipping = True
             continue
         if out and out[-1] == "  (rank started by autograder.dist.run_distributed)" and line.startswith("  File "):
             continue

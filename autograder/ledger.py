@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch._dynamo  # noqa: F401 - entering a dispatch mode imports it (~3 s): pay once, before forking ranks

@@ -20,7 +20,6 @@ import argparse
 import datetime
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time

@@ -256,7 +256,7 @@ def gather_from_tensor_model_parallel_region(input_, *, group):
 def _reduce_scatter_along_first_dim(input_, group):
     """Sum across ranks and keep this rank's chunk of dim 0 (Megatron `mappings._reduce_scatter_along_first_dim`)."""
     ### BEGIN SOLUTION
-    size, rank = group.size(), group.rank()
+    size = group.size()
     if size == 1:
         return input_
     input_ = input_.contiguous()

@@ -41,3 +41,26 @@ def nbgrader(root: str, *args: str, timeout: float = 600) -> subprocess.Complete
     env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", "PYTHONPATH": root,
            "PATH": VENV_BIN + os.pathsep + os.environ.get("PATH", "")}
     return subprocess.run([exe, *args], cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def region_lines(source: str, begin: str = "### BEGIN HIDDEN TESTS", end: str = "### END HIDDEN TESTS",
+                 min_len: int = 12) -> list[str]:
+    """The substantive lines (stripped, not comments) between nbgrader markers in a cell's source."""
+    lines, inside = [], False
+    for line in source.splitlines():
+        if begin in line:
+            inside = True
+        elif end in line:
+            inside = False
+        elif inside and len(line.strip()) >= min_len and not line.strip().startswith("#"):
+            lines.append(line.strip())
+    return lines
+
+
+def secret_lines(notebook) -> tuple[list[str], list[str]]:
+    """(solution lines, hidden-test lines) of a source notebook."""
+    solution, hidden = [], []
+    for cell in notebook.cells:
+        solution += region_lines(cell.source, "### BEGIN SOLUTION", "### END SOLUTION")
+        hidden += region_lines(cell.source)
+    return solution, hidden

@@ -3,7 +3,6 @@
     .venv/bin/python -m pytest -q tests/test_kernel.py
 """
 
-import nbformat
 from nbclient import NotebookClient
 from nbformat import v4
 

@@ -24,7 +24,7 @@ import time
 import nbformat
 import pytest
 
-from course import ROOT, assignments, copy_course, nbgrader
+from course import ROOT, assignments, copy_course, nbgrader, secret_lines
 
 sys.path.insert(0, ROOT)
 from autograder.grade import gradebook_rows  # noqa: E402
@@ -110,16 +110,7 @@ def _html_text(path: str) -> str:
 @pytest.mark.parametrize("assignment", assignments())
 def test_feedback_shows_failures_but_no_hidden_test_source(course, graded, assignment):
     source = nbformat.read(submissions.notebook_path("source", assignment), as_version=4)
-    hidden = []
-    for cell in source.cells:
-        inside = False
-        for line in cell.source.splitlines():
-            if "BEGIN HIDDEN TESTS" in line:
-                inside = True
-            elif "END HIDDEN TESTS" in line:
-                inside = False
-            elif inside and len(line.strip()) > 15:
-                hidden.append(re.sub(r"[ \t]+", " ", line.strip()))
+    hidden = [re.sub(r"[ \t]+", " ", line) for line in secret_lines(source)[1] if len(line) > 15]
     assert hidden
     name = os.path.basename(submissions.notebook_path("release", assignment)).replace(".ipynb", ".html")
     autograded = open(os.path.join(course, "autograded", "wrong", assignment,

@@ -21,7 +21,7 @@ import zipfile
 import nbformat
 import pytest
 
-from course import ROOT, assignments
+from course import ROOT, assignments, secret_lines
 
 sys.path.insert(0, ROOT)
 from solutions import submissions  # noqa: E402
@@ -33,25 +33,8 @@ def _meta(cell):
     return cell.get("metadata", {}).get("nbgrader", {})
 
 
-def _region_lines(source: str, begin: str, end: str) -> list[str]:
-    lines, inside = [], False
-    for line in source.splitlines():
-        if begin in line:
-            inside = True
-        elif end in line:
-            inside = False
-        elif inside and len(line.strip()) >= 12 and not line.strip().startswith("#"):
-            lines.append(line.strip())
-    return lines
-
-
 def _secret_lines(assignment: str) -> tuple[list[str], list[str]]:
-    source = nbformat.read(submissions.notebook_path("source", assignment), as_version=4)
-    solution, hidden = [], []
-    for cell in source.cells:
-        solution += _region_lines(cell.source, "### BEGIN SOLUTION", "### END SOLUTION")
-        hidden += _region_lines(cell.source, "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")
-    return solution, hidden
+    return secret_lines(nbformat.read(submissions.notebook_path("source", assignment), as_version=4))
 
 
 def _visible_text(assignment: str) -> set[str]:

@@ -120,41 +120,6 @@ def test_mutant_is_caught(m):
         assert must_pass, "the demo mutant must earn partial credit"
 
 
-def _region_lines(source: str, begin: str, end: str) -> list[str]:
-    lines, inside = [], False
-    for line in source.splitlines():
-        if begin in line:
-            inside = True
-        elif end in line:
-            inside = False
-        elif inside and len(line.strip()) >= 12 and not line.strip().startswith("#"):
-            lines.append(line.strip())
-    return lines
-
-
-def test_release_has_no_solution_or_hidden_text():
-    source = nbformat.read(notebook_path("source", A), as_version=4)
-    release = nbformat.read(notebook_path("release", A), as_version=4)
-    secret, public = [], set()
-    for cell in source.cells:
-        secret += _region_lines(cell.source, "### BEGIN SOLUTION", "### END SOLUTION")
-        secret += _region_lines(cell.source, "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")
-        inside = False
-        for line in cell.source.splitlines():  # lines that legitimately appear outside secret regions
-            if "### BEGIN" in line:
-                inside = True
-            elif "### END" in line:
-                inside = False
-            elif not inside:
-                public.add(line.strip())
-    text = "\n".join(c.source for c in release.cells)
-    assert "BEGIN SOLUTION" not in text and "HIDDEN TESTS" not in text
-    leaked = [line for line in secret if line not in public and line in text]
-    assert not leaked, leaked[:5]
-    stubs = [c for c in release.cells if _meta(c).get("solution")]
-    assert stubs and all("raise NotImplementedError()" in c.source for c in stubs)
-
-
 def test_builder_reproduces_the_source_notebook():
     spec = importlib.util.spec_from_file_location("_build_tp_nb", os.path.join(ROOT, "assignments", A, "_build_nb.py"))
     module = importlib.util.module_from_spec(spec)

@@ -768,7 +768,7 @@ def check_vocab_parallel_cross_entropy(vocab_parallel_cross_entropy, *, world_si
     t = world_size
     _require_divisible(vocab, t, "vocab")
     if seq * batch < t:
-        raise ValueError(f"check parameters: need seq * batch >= world_size to put a target in every partition")
+        raise ValueError("check parameters: need seq * batch >= world_size to put a target in every partition")
     gen = torch.Generator().manual_seed(seed)
     L = 2.0 * torch.randn(seq, batch, vocab, generator=gen, dtype=torch.float64)
     if extreme:

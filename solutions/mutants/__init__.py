@@ -7,7 +7,7 @@ test suite (tests/test_*_mutants.py) and by real nbgrader in the demo.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
