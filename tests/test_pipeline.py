@@ -9,6 +9,8 @@
    runs real `nbgrader autograde` into the sqlite gradebook and generates
    feedback: full marks, zero, and partial credit with the expected cells failing.
 3. The feedback shows the failure messages but no hidden-test source.
+4. A submission whose function deadlocks loses that cell only: the kernel
+   survives, every other cell is graded, no process is left behind.
 """
 
 from __future__ import annotations
@@ -29,6 +31,29 @@ from course import ROOT, assignments, copy_course, nbgrader, secret_lines
 sys.path.insert(0, ROOT)
 from autograder.grade import gradebook_rows  # noqa: E402
 from solutions import submissions  # noqa: E402
+from solutions.mutants import mutant  # noqa: E402
+
+# A student's all_reduce_gradients that waits for a message no peer sends.
+DEADLOCK = mutant(
+    "all_reduce_gradients_deadlocks", "all_reduce_gradients",
+    [("dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=group)",
+      "dist.recv(param.grad, src=(dist.get_rank(group) + 1) % world_size, group=group)")],
+    must_fail={"test_all_reduce_gradients"}, why="every rank waits to receive: a deadlock")
+DEADLOCK_ASSIGNMENT = "01_data_parallel"
+
+
+def _kernels() -> set[int]:
+    """PIDs of live ipykernel processes (kernels and the ranks they forked)."""
+    pids = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    if b"ipykernel" in f.read():
+                        pids.add(int(name))
+            except OSError:
+                pass
+    return pids
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +94,12 @@ def test_rebuild_reproduces_committed_notebooks_byte_for_byte(course, folder):
 
 @pytest.fixture(scope="module")
 def graded(course):
+    # a fourth student, graded by the same nbgrader run as the demo's three
+    nb = submissions.mutant_submission(DEADLOCK_ASSIGNMENT, DEADLOCK)
+    folder = os.path.join(course, "submitted", "deadlock", DEADLOCK_ASSIGNMENT)
+    os.makedirs(folder)
+    nbformat.write(nb, os.path.join(folder, os.path.basename(submissions.notebook_path("release", DEADLOCK_ASSIGNMENT))))
+    kernels_before = _kernels()
     t0 = time.monotonic()
     env = {**os.environ, "PYTHONPATH": course, "TORCH_CPP_LOG_LEVEL": "ERROR"}
     proc = subprocess.run([sys.executable, "-m", "autograder.grade", "demo"], cwd=course, env=env,
@@ -78,7 +109,7 @@ def graded(course):
     print(proc.stdout)
     print(f"demo grading took {seconds:.1f} s")
     rows = {(r["assignment"], r["student"]): r for r in gradebook_rows(course)}
-    return rows, proc.stdout
+    return rows, proc.stdout, _kernels() - kernels_before
 
 
 def _demo_mutant(assignment):
@@ -88,7 +119,7 @@ def _demo_mutant(assignment):
 
 @pytest.mark.parametrize("assignment", assignments())
 def test_gradebook_full_zero_and_partial(graded, assignment):
-    rows, stdout = graded
+    rows, stdout, _ = graded
     ref, untouched, wrong = (rows[(assignment, s)] for s in ("reference", "untouched", "wrong"))
     assert ref["max_score"] > 0
     assert ref["score"] == ref["max_score"], f"reference lost points on {ref['lost']}"
@@ -123,3 +154,15 @@ def test_feedback_shows_failures_but_no_hidden_test_source(course, graded, assig
     wrong = _html_text(os.path.join(course, "feedback", "wrong", assignment, name))
     assert "CheckFailure" in wrong or "DistributedError" in wrong
     assert re.search(r"rank \d", wrong), "the failure message should name a rank"
+
+
+def test_a_deadlocking_submission_loses_only_that_cell(course, graded):
+    rows, _, leftover = graded
+    row = rows[(DEADLOCK_ASSIGNMENT, "deadlock")]
+    assert row["lost"] == ["test_all_reduce_gradients"], row
+    assert 0 < row["score"] < row["max_score"]
+    assert not leftover, f"processes left behind after grading: {sorted(leftover)}"
+    name = os.path.basename(submissions.notebook_path("release", DEADLOCK_ASSIGNMENT)).replace(".ipynb", ".html")
+    text = _html_text(os.path.join(course, "feedback", "deadlock", DEADLOCK_ASSIGNMENT, name))
+    assert "timed out after" in text and "deadlock" in text
+    assert "in recv" in text and "in all_reduce_gradients" in text  # each rank's stack shows where it blocked

@@ -54,7 +54,7 @@ MUTANTS = [
     mutant(
         "sp_allreduce_then_split", "sp_mappings",
         [("dist.reduce_scatter_single(output, input_, op=dist.ReduceOp.SUM, group=group)",
-          "output = _reduce(input_, group).chunk(size, dim=0)[rank].contiguous()")],
+          "output = _reduce(input_, group).chunk(size, dim=0)[group.rank()].contiguous()")],
         must_fail={"test_gather_from_sequence_parallel_region", "test_reduce_scatter_to_sequence_parallel_region",
                    "test_sp_pair_communication"},
         why="reduce-scatter done as all-reduce then split: right numbers, twice the traffic",
