@@ -26,7 +26,7 @@ build: $(STAMP)
 	@for a in $(ASSIGNMENTS); do \
 	  echo "build $$a"; \
 	  $(PY) assignments/$$a/_build_nb.py || exit 1; \
-	  $(VENV)/bin/nbgrader generate_assignment $$a --force --log-level=WARN || exit 1; \
+	  $(VENV)/bin/nbgrader generate_assignment $$a --force --log-level=ERROR || exit 1; \
 	done
 
 test: $(STAMP)

@@ -42,7 +42,10 @@ def released_assignments(root: str) -> list[str]:
 
 def _nbgrader(root: str, *args: str) -> None:
     exe = os.path.join(os.path.dirname(sys.executable), "nbgrader")
-    cmd = [exe if os.path.exists(exe) else "nbgrader", *args, "--log-level=WARN"]
+    # ERROR: nbgrader warns, for every submission, that each test cell with hidden
+    # tests "has changed" (the release copy lacks them) before it restores the
+    # source copy; that is expected, and it buries the score table.
+    cmd = [exe if os.path.exists(exe) else "nbgrader", *args, "--log-level=ERROR"]
     # nbgrader runs `alembic` (and the kernel) from PATH: put this interpreter's bin first
     env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR",
            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
