@@ -40,6 +40,10 @@ def released_assignments(root: str) -> list[str]:
     return sorted(a for a in os.listdir(rel) if os.path.isdir(os.path.join(rel, a)) and not a.startswith("."))
 
 
+# Lines that every kernel start prints and that say nothing about the grading.
+_NBGRADER_NOISE = ("Kernel is running over TCP without encryption",)
+
+
 def _nbgrader(root: str, *args: str) -> None:
     exe = os.path.join(os.path.dirname(sys.executable), "nbgrader")
     # ERROR: nbgrader warns, for every submission, that each test cell with hidden
@@ -49,7 +53,11 @@ def _nbgrader(root: str, *args: str) -> None:
     # nbgrader runs `alembic` (and the kernel) from PATH: put this interpreter's bin first
     env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR",
            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
-    proc = subprocess.run(cmd, cwd=root, env=env)
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:
+        if not any(noise in line for noise in _NBGRADER_NOISE):
+            print(line, end="", flush=True)
+    proc.wait()
     if proc.returncode != 0:
         raise SystemExit(f"autograder.grade: `{' '.join(cmd)}` failed with status {proc.returncode}")
 

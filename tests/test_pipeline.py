@@ -166,3 +166,15 @@ def test_a_deadlocking_submission_loses_only_that_cell(course, graded):
     text = _html_text(os.path.join(course, "feedback", "deadlock", DEADLOCK_ASSIGNMENT, name))
     assert "timed out after" in text and "deadlock" in text
     assert "in recv" in text and "in all_reduce_gradients" in text  # each rank's stack shows where it blocked
+
+
+def test_scores_command_prints_the_gradebook(course, graded):
+    env = {**os.environ, "PYTHONPATH": course}
+    proc = subprocess.run([sys.executable, "-m", "autograder.grade", "scores"], cwd=course, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    for assignment in assignments():
+        assert any(line.startswith(assignment) and "reference" in line and "100.0 /  100" in line for line in lines)
+    assert any("deadlock" in line and "test_all_reduce_gradients" in line for line in lines)
+    assert "Kernel is running over TCP" not in graded[1]  # kernel start-up noise is filtered from the demo
