@@ -72,8 +72,30 @@ class DistributedError(RuntimeError):
     def __init__(self, summary: str, failures: list[RankFailure]):
         self.summary = summary
         self.failures = failures
-        body = "\n\n".join(f.describe() for f in failures)
-        super().__init__(f"{summary}\n\n{body}")
+        super().__init__(f"{summary}\n\n{_describe_all(failures)}")
+
+
+def _describe_all(failures: list[RankFailure]) -> str:
+    """Each failure once; ranks that raised the very same traceback are shown together."""
+    parts, shown = [], set()
+    for f in failures:
+        if f.rank in shown:
+            continue
+        same = [g for g in failures if g.kind == "exception" and f.kind == "exception" and g.detail == f.detail
+                and not g.output_tail.strip() and not f.output_tail.strip()]
+        if len(same) > 1:
+            ranks = [g.rank for g in same]
+            shown.update(ranks)
+            others = ", ".join(str(r) for r in ranks[1:])
+            hint = ""
+            if f.detail.rstrip().endswith("NotImplementedError"):
+                hint = " (a function that is still a stub: implement it first)"
+            parts.append(f"rank {ranks[0]} raised an exception, and rank(s) {others} the same one{hint}\n"
+                         f"{_indent(f.detail.rstrip())}")
+        else:
+            shown.add(f.rank)
+            parts.append(f.describe())
+    return "\n\n".join(parts)
 
 
 def _indent(text: str, prefix: str = "    ") -> str:
@@ -157,6 +179,9 @@ def _rank_main(payload, rank: int, world_size: int, workdir: str, backend: str, 
             timeout=datetime.timedelta(seconds=timeout + 5.0),
         )
         try:
+            # Every rank is connected before any runs the program: a rank that
+            # fails at once must not break a peer's rendezvous.
+            dist.barrier()
             result = fn(rank, world_size, *args)  # the rank program
             # No rank may close its connections while a peer is still using
             # them (a fast rank exiting early makes a slow one fail with

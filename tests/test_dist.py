@@ -242,3 +242,16 @@ def test_ranks_calling_a_collective_with_different_dtypes_get_a_clear_error():
     msg = str(info.value)
     assert "Detected mismatch between collectives on ranks" in msg
     assert "SIGABRT" not in msg
+
+
+def _all_stubs(rank, world_size):
+    raise NotImplementedError()
+
+
+def test_ranks_failing_identically_are_reported_once():
+    with pytest.raises(DistributedError) as info:
+        run_distributed(_all_stubs, 4)
+    msg = str(info.value)
+    assert "rank 0 raised an exception, and rank(s) 1, 2, 3 the same one (a function that is still a stub" in msg
+    assert msg.count("Traceback (most recent call last)") == 1
+    assert [f.rank for f in info.value.failures] == [0, 1, 2, 3]
