@@ -84,7 +84,7 @@ def _describe_all(failures: list[RankFailure]) -> str:
         same = [g for g in failures if g.kind == "exception" and f.kind == "exception" and g.detail == f.detail
                 and not g.output_tail.strip() and not f.output_tail.strip()]
         if len(same) > 1:
-            ranks = [g.rank for g in same]
+            ranks = sorted(g.rank for g in same)
             shown.update(ranks)
             others = ", ".join(str(r) for r in ranks[1:])
             hint = ""
