@@ -61,8 +61,7 @@ def test_reference_gets_full_marks():
     assert not failed, failed
     assert set(results) == set(_graded_ids())
     assert sum(r.points for r in results.values()) == 100
-    # About 7-9 s on an idle 2-core machine; the bound leaves room for a loaded one.
-    assert elapsed < 30, f"reference grading took {elapsed:.1f} s"
+    # the time is printed, not asserted: benchmarks/runner_overhead.py measures it
 
 
 def test_untouched_release_fails_every_graded_cell():
