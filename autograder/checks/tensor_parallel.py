@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from autograder.compare import CheckFailure, assert_close, fmt_shape
 from autograder.dist import run_distributed
 from autograder.ledger import CommLedger, check_consistent, format_trace
+from autograder.volume import ring_factor
 
 __all__ = [
     "MAPPINGS", "check_mapping", "check_column_parallel_linear", "check_row_parallel_linear",
@@ -937,9 +938,8 @@ _COLORS = {"all_reduce": "#4C72B0", "all_gather": "#55A868", "reduce_scatter": "
 
 
 def _ring_bytes(record, world_size: int) -> float:
-    """Bytes one rank sends for this op in a ring: 2(t-1)/t N for an all-reduce, (t-1)/t N otherwise."""
-    factor = 2 if record.op == "all_reduce" else 1
-    return factor * (world_size - 1) / world_size * record.bytes
+    """Bytes one rank sends for this op in a ring (autograder/volume.py, the lesson's section 3)."""
+    return ring_factor(record.op, world_size) * record.bytes
 
 
 def plot_pair_communication(ColumnParallelLinear, RowParallelLinear, *, world_size: int = 2, hidden: int = 8,
