@@ -133,6 +133,18 @@ class NotebookBuilder:
         cell.id = self._cell_id(grade_id)
         self.cells.append(cell)
 
+    def nccl_checks(self, checks_src: str) -> None:
+        """The optional, ungraded NCCL cell: `checks_src` is the list given to run_nccl_checks."""
+        self.markdown("""
+        ## Optional: the same checks on GPUs with NCCL (not graded)
+
+        On a machine with at least two CUDA devices this runs a few checks again
+        with `backend="nccl"` (ranks spawned, tensors on `cuda:<rank>`);
+        elsewhere each line says it was skipped and why. No points depend on it.
+        """)
+        self.code("from autograder.gpu import run_nccl_checks\n\nrun_nccl_checks("
+                  + textwrap.dedent(checks_src).strip() + ")")
+
     # -- output -----------------------------------------------------------------
     def notebook(self):
         nb = v4.new_notebook()

@@ -374,22 +374,13 @@ def build() -> NotebookBuilder:
             check_fsdp_frees(fully_shard, world_size=4, dims=(3, 5, 2, 4), seed=1)
             check_fsdp_frees(fully_shard, world_size=2, dims=(6, 4, 3), bias=False, seed=2)
             """)
-    nb.markdown("""
-    ## Optional: the same checks on GPUs with NCCL (not graded)
-
-    On a machine with at least two CUDA devices this runs a few checks again
-    with `backend="nccl"` (ranks spawned, tensors on `cuda:<rank>`);
-    elsewhere each line says it was skipped and why. No points depend on it.
-    """)
-    nb.code("""
-    from autograder.gpu import run_nccl_checks
-
-    run_nccl_checks([
+    nb.nccl_checks("""
+    [
         ("all_reduce_gradients", check_all_reduce_gradients, (all_reduce_gradients,), {"world_size": 2}),
         ("BucketedDDP gradients", check_ddp_gradients, (BucketedDDP,), {"world_size": 2}),
         ("ZeRO step vs AdamW", check_zero_matches_adamw, (ZeroShardedOptimizer,), {"world_size": 2}),
         ("FSDP numerics", check_fsdp_numerics, (fully_shard,), {"world_size": 2}),
-    ])
+    ]
     """)
     nb.markdown("""
     ## Done

@@ -459,17 +459,8 @@ def build() -> NotebookBuilder:
     check_async_allreduce_overlap(LinearWithAsyncAllReduce, world_size=1, in_features=5, out_features=3,
                                   seq=2, batch=3, seed=3)
     """)
-    nb.markdown("""
-    ## Optional: the same checks on GPUs with NCCL (not graded)
-
-    On a machine with at least two CUDA devices this runs a few checks again
-    with `backend="nccl"` (ranks spawned, tensors on `cuda:<rank>`);
-    elsewhere each line says it was skipped and why. No points depend on it.
-    """)
-    nb.code("""
-    from autograder.gpu import run_nccl_checks
-
-    run_nccl_checks([
+    nb.nccl_checks("""
+    [
         ("f (copy_to)", check_mapping,
          (copy_to_tensor_model_parallel_region, "copy_to_tensor_model_parallel_region"), {"world_size": 2}),
         ("SP reduce-scatter", check_mapping,
@@ -479,7 +470,7 @@ def build() -> NotebookBuilder:
         ("vocab-parallel cross-entropy", check_vocab_parallel_cross_entropy, (vocab_parallel_cross_entropy,),
          {"world_size": 2, "extreme": True}),
         ("async all-reduce overlap", check_async_allreduce_overlap, (LinearWithAsyncAllReduce,), {"world_size": 2}),
-    ])
+    ]
     """)
     return nb
 
