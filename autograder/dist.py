@@ -122,7 +122,7 @@ def _set_parent_death_signal() -> None:
 
 
 def _spawn_main() -> None:
-    """Entry point of a spawned rank: `python -c ... WORKDIR RANK WORLD_SIZE BACKEND TIMEOUT`."""
+    """Entry point of a spawned rank: `python -c ... WORKDIR RANK WORLD_SIZE BACKEND TIMEOUT CHECK`."""
     workdir, rank, world_size, backend, timeout, check = sys.argv[1:7]
     _rank_main(None, int(rank), int(world_size), workdir, backend, float(timeout), by_value=True,
                check_collectives=check == "1")
@@ -178,15 +178,21 @@ def _rank_main(payload, rank: int, world_size: int, workdir: str, backend: str, 
             backend, store=store, rank=rank, world_size=world_size,
             timeout=datetime.timedelta(seconds=timeout + 5.0),
         )
+        def barrier():
+            if backend == "nccl":
+                dist.barrier(device_ids=[torch.cuda.current_device()])
+            else:
+                dist.barrier()
+
         try:
             # Every rank is connected before any runs the program: a rank that
             # fails at once must not break a peer's rendezvous.
-            dist.barrier()
+            barrier()
             result = fn(rank, world_size, *args)  # the rank program
             # No rank may close its connections while a peer is still using
             # them (a fast rank exiting early makes a slow one fail with
             # "Connection closed by peer"): meet once more before tearing down.
-            dist.barrier()
+            barrier()
         finally:
             try:
                 dist.destroy_process_group()
