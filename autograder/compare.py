@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["CheckFailure", "TOLERANCES", "tolerance", "assert_close", "fmt_shape"]
+__all__ = ["CheckFailure", "TOLERANCES", "tolerance", "assert_close", "fmt_shape", "dtype_name"]
 
 
 class CheckFailure(AssertionError):
@@ -37,6 +37,11 @@ def fmt_shape(shape) -> str:
     return "[" + ", ".join(str(int(d)) for d in shape) + "]"
 
 
+def dtype_name(dtype) -> str:
+    """`torch.float64` -> "float64", as every message and ledger record spells it."""
+    return str(dtype).replace("torch.", "")
+
+
 def _where(name: str, rank) -> str:
     return f"rank {rank}: {name}" if rank is not None else name
 
@@ -52,14 +57,14 @@ def assert_close(actual, expected: torch.Tensor, *, name: str, rank: int | None 
     where = _where(name, rank)
     if actual is None:
         raise CheckFailure(f"{where} is None; expected a tensor of shape {fmt_shape(expected.shape)} "
-                           f"({str(expected.dtype).replace('torch.', '')}).")
+                           f"({dtype_name(expected.dtype)}).")
     if not isinstance(actual, torch.Tensor):
         raise CheckFailure(f"{where}: expected a torch.Tensor, got {type(actual).__name__}.")
     if tuple(actual.shape) != tuple(expected.shape):
         raise CheckFailure(f"{where}: shape {fmt_shape(actual.shape)}, expected {fmt_shape(expected.shape)}.")
     if check_dtype and actual.dtype != expected.dtype:
-        raise CheckFailure(f"{where}: dtype {str(actual.dtype).replace('torch.', '')}, "
-                           f"expected {str(expected.dtype).replace('torch.', '')}.")
+        raise CheckFailure(f"{where}: dtype {dtype_name(actual.dtype)}, "
+                           f"expected {dtype_name(expected.dtype)}.")
     d_rtol, d_atol = tolerance(expected.dtype)
     rtol = d_rtol if rtol is None else rtol
     atol = d_atol if atol is None else atol
@@ -88,5 +93,5 @@ def assert_close(actual, expected: torch.Tensor, *, name: str, rank: int | None 
     raise CheckFailure(
         f"{where}: {n_bad} of {e.numel()} elements differ; worst at index {idx}: "
         f"expected {exp_v:.6g}, got {got_v:.6g} (|diff| {abs(got_v - exp_v):.3g}); "
-        f"tolerance for {str(expected.dtype).replace('torch.', '')}: rtol={rtol:g}, atol={atol:g}."
+        f"tolerance for {dtype_name(expected.dtype)}: rtol={rtol:g}, atol={atol:g}."
     )

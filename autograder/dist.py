@@ -33,7 +33,7 @@ import time
 import traceback
 from dataclasses import dataclass
 
-__all__ = ["run_distributed", "DistributedError", "RankFailure", "default_start_method"]
+__all__ = ["run_distributed", "DistributedError", "RankFailure", "default_start_method", "rank_device"]
 
 # How long the survivors get to report their own error after the first rank fails.
 _GRACE_AFTER_FAILURE_S = 1.5
@@ -107,6 +107,13 @@ def default_start_method(backend: str = "gloo") -> str:
     if backend == "nccl" or not sys.platform.startswith("linux"):
         return "spawn"
     return "fork"
+
+
+def rank_device(rank: int, backend: str = "gloo"):
+    """Where a rank program puts its tensors: `cuda:<rank>` under NCCL, the CPU otherwise."""
+    import torch
+
+    return torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
 
 
 def _set_parent_death_signal() -> None:

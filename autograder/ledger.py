@@ -37,7 +37,7 @@ import torch._dynamo  # noqa: F401 - entering a dispatch mode imports it (~3 s):
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .compare import CheckFailure, fmt_shape
+from .compare import CheckFailure, dtype_name, fmt_shape
 
 __all__ = ["CommLedger", "CommRecord", "expect_comm", "expect_no_comm", "select", "format_trace",
            "check_consistent", "COMM_OPS"]
@@ -126,10 +126,6 @@ class OpRecord:
     phase: str
     out_shapes: tuple
     seq: int
-
-
-def _dtype_name(dtype) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 def _first_tensor(value):
@@ -274,7 +270,7 @@ class CommLedger(TorchDispatchMode):
         nbytes = numel * tensor.element_size() if tensor is not None else 0
         self.records.append(CommRecord(
             op=name, phase=self._phase(), shape=shape,
-            dtype=_dtype_name(tensor.dtype) if tensor is not None else "",
+            dtype=dtype_name(tensor.dtype) if tensor is not None else "",
             group_size=size, bytes=nbytes, peer=peer, async_op=async_op, seq=self._next_seq(),
             input_split_sizes=tuple(int(x) for x in in_splits) if in_splits is not None else None,
             output_split_sizes=tuple(int(x) for x in out_splits) if out_splits is not None else None,
@@ -302,7 +298,7 @@ def _flatten(x):
 def select(records, *, op=None, phase=None, shape=None, dtype=None, group_size=None) -> list[CommRecord]:
     """The records matching every given field (`op` may be a tuple of names)."""
     ops = (op,) if isinstance(op, str) else op
-    dname = _dtype_name(dtype) if dtype is not None else None
+    dname = dtype_name(dtype) if dtype is not None else None
     return [r for r in records
             if (ops is None or r.op in ops)
             and (phase is None or r.phase == phase)
@@ -330,7 +326,7 @@ def _what(op, shape, dtype, phase, group_size=None) -> str:
     if shape is not None:
         s += f" of {fmt_shape(shape)}"
     if dtype is not None:
-        s += f" {_dtype_name(dtype)}"
+        s += f" {dtype_name(dtype)}"
     if group_size is not None:
         s += f" over a group of {group_size}"
     if phase is not None:

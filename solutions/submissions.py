@@ -79,11 +79,13 @@ class CellResult:
     message: str = ""
 
 
-def run_graded_cells(nb, assignment: str | None = None) -> dict[str, CellResult]:
+def run_graded_cells(nb, assignment: str | None = None, *, only=None) -> dict[str, CellResult]:
     """Execute `nb` in a fresh namespace in this process; return each test cell's verdict.
 
     With `assignment`, test cells are replaced by the source notebook's (hidden
-    tests included), as nbgrader's autograde restores locked cells.
+    tests included), as nbgrader's autograde restores locked cells. With
+    `only` (grade ids), just those test cells run, after every nbgrader cell
+    (set-up, answers) but no scratch or picture cell: a fast partial grading.
     """
     if assignment is not None:
         source = nbformat.read(notebook_path("source", assignment), as_version=4)
@@ -96,6 +98,8 @@ def run_graded_cells(nb, assignment: str | None = None) -> dict[str, CellResult]
         if cell.cell_type != "code":
             continue
         meta = _nb_meta(cell)
+        if only is not None and (not meta or (meta.get("grade") and meta["grade_id"] not in only)):
+            continue
         src = tests.get(meta.get("grade_id"), cell.source) if meta.get("grade") else cell.source
         src = "\n".join(line for line in src.splitlines() if not line.lstrip().startswith(("%", "!")))
         out = io.StringIO()

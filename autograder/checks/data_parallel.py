@@ -21,8 +21,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from autograder.compare import CheckFailure, assert_close, fmt_shape
-from autograder.dist import run_distributed
+from autograder.compare import CheckFailure, assert_close, dtype_name, fmt_shape
+from autograder.dist import rank_device, run_distributed
 from autograder.ledger import CommLedger, check_consistent, counts, expect_comm, expect_no_comm, format_trace, select
 
 __all__ = ["ToyNet", "check_broadcast_module_states", "check_all_reduce_gradients", "check_ddp_broadcast",
@@ -63,10 +63,6 @@ class ToyNet(nn.Module):
             if i < len(self.layers) - 1:
                 x = torch.tanh(x)
         return x * self.scale if self.frozen else x
-
-
-def _device(rank, backend):
-    return torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
 
 
 def _build(model_kw, state, dtype, device):
@@ -137,7 +133,7 @@ def _world():
 
 def _broadcast_rank(rank, world_size, fn, model_kw, seed, backend):
     torch.manual_seed(seed + 1000 * rank)  # every rank starts from different weights
-    model = ToyNet(**model_kw).to(torch.float64).to(_device(rank, backend))
+    model = ToyNet(**model_kw).to(torch.float64).to(rank_device(rank, backend))
     with CommLedger() as ledger:
         fn(model, group=_world())
     return {"state": {k: v.cpu() for k, v in model.state_dict().items()}, "comm": ledger.records}
@@ -156,7 +152,7 @@ def check_broadcast_module_states(fn, *, world_size=2, dims=(5, 7, 3), frozen=Tr
 
 
 def _all_reduce_rank(rank, world_size, fn, model_kw, state, dtype, x, y, batch, backend):
-    dev = _device(rank, backend)
+    dev = rank_device(rank, backend)
     model = _build(model_kw, state, dtype, dev)
     rows = slice(rank * batch, (rank + 1) * batch)
     _loss(model, x[rows].to(dev), y[rows].to(dev)).backward()
@@ -210,7 +206,7 @@ def expected_buckets(model, bucket_cap_mb):
 
 
 def _ddp_rank(rank, world_size, ddp_cls, model_kw, state, dtype, xs, ys, batch, cap, micro, stagger, backend):
-    dev = _device(rank, backend)
+    dev = rank_device(rank, backend)
     model = _build(model_kw, state, dtype, dev)
     ddp = ddp_cls(model, group=_world(), bucket_cap_mb=cap)
     rows = slice(rank * batch, (rank + 1) * batch)
@@ -386,7 +382,7 @@ def _state_summary(opt):
 
 
 def _zero_rank(rank, world_size, opt_cls, model_kw, state, dtype, xs, ys, batch, lrs, hyper, backend):
-    dev = _device(rank, backend)
+    dev = rank_device(rank, backend)
     model = _build(model_kw, state, dtype, dev)
     opt = opt_cls(model.parameters(), group=_world(), lr=lrs[0], **hyper)
     rows = slice(rank * batch, (rank + 1) * batch)
@@ -470,7 +466,7 @@ def check_zero_state_sharded(opt_cls, *, world_size=2, dims=(5, 7, 3), batch=3, 
                                    f"each needs its own AdamW state.")
             if dtypes != [want]:
                 raise CheckFailure(f"rank {rank}: optimizer state {key!r} has dtype {dtypes}, expected {want} for "
-                                   f"{str(dtype).replace('torch.', '')} parameters.")
+                                   f"{dtype_name(dtype)} parameters.")
 
 
 def check_zero_comm(opt_cls, *, world_size=2, dims=(5, 7, 3), batch=3, steps=2, unused=False, frozen=False,
@@ -501,7 +497,7 @@ def _skipped(flag, step):
 
 
 def _rounding_rank(rank, world_size, opt_cls, params, grads, flags, lrs, backend):
-    dev = _device(rank, backend)
+    dev = rank_device(rank, backend)
     ps = [nn.Parameter(p.clone().to(dev), requires_grad=flag != "frozen") for p, flag in zip(params, flags)]
     opt = opt_cls(ps, group=_world(), lr=lrs[0], **_HYPER)
     for step, lr in enumerate(lrs):
@@ -593,7 +589,7 @@ def _mlp(dims, bias):
 
 
 def _fsdp_rank(rank, world_size, shard_fn, dims, bias, state, dtype, x, y, batch, backend):
-    dev = _device(rank, backend)
+    dev = rank_device(rank, backend)
     model = _mlp(dims, bias).to(dtype)
     model.load_state_dict(state)
     model = shard_fn(model.to(dev), group=_world())

@@ -24,9 +24,9 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from autograder.compare import CheckFailure, assert_close, fmt_shape
-from autograder.dist import run_distributed
-from autograder.ledger import CommLedger, check_consistent, format_trace
+from autograder.compare import CheckFailure, assert_close, dtype_name, fmt_shape
+from autograder.dist import rank_device, run_distributed
+from autograder.ledger import CommLedger, check_consistent, expect_no_comm, format_trace
 from autograder.volume import ring_factor
 
 __all__ = [
@@ -43,20 +43,12 @@ _TIMEOUT = 20.0
 # Small helpers
 # ---------------------------------------------------------------------------
 
-def _device(rank: int, backend: str) -> torch.device:
-    return torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
-
-
 def _randn(gen, *shape, dtype=torch.float64) -> torch.Tensor:
     return torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)
 
 
 def _cpu(t):
     return t.detach().cpu() if isinstance(t, torch.Tensor) else t
-
-
-def _dname(dtype) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 def _chunk(t: torch.Tensor, n: int, i: int, dim: int) -> torch.Tensor:
@@ -76,14 +68,14 @@ def _expect_phase(records, *, rank: int, phase: str, expected: list, context: st
     mine = [r for r in records if r.op != "wait" and r.phase == phase]
     matched = 0
     for op, allowed, shape, numel, dtype in expected:
-        got = [r for r in mine if r.op == op and r.dtype == _dname(dtype)
+        got = [r for r in mine if r.op == op and r.dtype == dtype_name(dtype)
                and (shape is None or tuple(r.shape) == tuple(shape))
                and (numel is None or math.prod(r.shape) == numel)]
         if len(got) not in allowed:
             what = f"{fmt_shape(shape)} " if shape is not None else f"{numel} elements " if numel else ""
             want = " or ".join(str(a) for a in sorted(allowed))
             raise CheckFailure(
-                f"rank {rank} ({context}): expected {want} {op} of {what}{_dname(dtype)} in {phase}, "
+                f"rank {rank} ({context}): expected {want} {op} of {what}{dtype_name(dtype)} in {phase}, "
                 f"saw {len(got)}. Communication of rank {rank}:\n{format_trace(records, rank)}")
         matched += len(got)
     if len(mine) != matched:
@@ -91,13 +83,6 @@ def _expect_phase(records, *, rank: int, phase: str, expected: list, context: st
         raise CheckFailure(
             f"rank {rank} ({context}): unexpected communication in {phase} (expected only: {want}); "
             f"saw {len(mine)} op(s). Communication of rank {rank}:\n{format_trace(records, rank)}")
-
-
-def _expect_none(records, *, rank: int, context: str) -> None:
-    mine = [r for r in records if r.op != "wait"]
-    if mine:
-        raise CheckFailure(f"rank {rank} ({context}): a group of size 1 must issue no communication, "
-                           f"saw {len(mine)} op(s):\n{format_trace(records, rank)}")
 
 
 def _check_output_type(out, what: str, rank: int, shape) -> None:
@@ -202,7 +187,7 @@ def _mapping_case(name: str, t: int, shape, dtype, gen):
 
 
 def _mapping_rank(rank, world_size, fn, name, xs, gs, noncontiguous, backend):
-    dev = _device(rank, backend)
+    dev = rank_device(rank, backend)
     group = dist.group.WORLD
     data, g = xs[rank].to(dev), gs[rank].to(dev)
     if noncontiguous:  # a [s, b, h] view of [h, b, s] storage: no dim has stride 1 where expected
@@ -254,7 +239,7 @@ def check_mapping(fn, name: str, *, world_size: int = 2, shape=(4, 3, 6), dtype=
                                f"tensor (clone before an in-place collective)")
     for rank, res in enumerate(results):
         if world_size == 1:
-            _expect_none(res["records"], rank=rank, context=ctx)
+            expect_no_comm(res["records"], rank=rank, context=f"{ctx}; a group of size 1 communicates nothing")
             continue
         _expect_phase(res["records"], rank=rank, phase="forward", expected=fwd, context=ctx)
         _expect_phase(res["records"], rank=rank, phase="backward", expected=bwd, context=ctx)
@@ -275,7 +260,7 @@ def _linear_reference(x, w, b, g):
 
 
 def _layer_rank(rank, world_size, cls, kind, cases, backend):
-    dev = _device(rank, backend)
+    dev = rank_device(rank, backend)
     group = dist.group.WORLD
     out = []
     for case in cases:
@@ -376,7 +361,7 @@ def check_column_parallel_linear(ColumnParallelLinear, *, world_size: int = 2, i
             "w_shape": (part, in_features), "expected": expected,
             "ctx": (f"ColumnParallelLinear({in_features}, {out_features}, bias={flags['bias']}, "
                     f"gather_output={go}, sequence_parallel={sp}), world size {t}, "
-                    f"[s, b] = [{seq}, {batch}], {_dname(dtype)}"),
+                    f"[s, b] = [{seq}, {batch}], {dtype_name(dtype)}"),
         })
     results = _run_layer_cases(ColumnParallelLinear, "ColumnParallelLinear", cases, t, backend, timeout)
     _compare_layer(results, cases, t, "ColumnParallelLinear")
@@ -431,7 +416,7 @@ def check_row_parallel_linear(RowParallelLinear, *, world_size: int = 2, in_feat
             "w_shape": (out_features, part), "expected": expected,
             "ctx": (f"RowParallelLinear({in_features}, {out_features}, bias={flags['bias']}, "
                     f"input_is_parallel={iip}, sequence_parallel={sp}), world size {t}, "
-                    f"[s, b] = [{seq}, {batch}], {_dname(dtype)}"),
+                    f"[s, b] = [{seq}, {batch}], {dtype_name(dtype)}"),
         })
     results = _run_layer_cases(RowParallelLinear, "RowParallelLinear", cases, t, backend, timeout)
     _compare_layer(results, cases, t, "RowParallelLinear")
@@ -461,7 +446,7 @@ def _error_cases():
 
 
 def _error_rank(rank, world_size, impls, cases, backend):
-    dev = _device(rank, backend)
+    dev = rank_device(rank, backend)
     world = dist.group.WORLD
     results = []
     for label, builder, kw, _ in cases:
@@ -530,7 +515,7 @@ def check_argument_errors(impls: dict, *, world_size: int = 2, backend: str = "g
 # ---------------------------------------------------------------------------
 
 def _pair_rank(rank, world_size, column_cls, row_cls, case, backend):
-    dev = _device(rank, backend)
+    dev = rank_device(rank, backend)
     group = dist.group.WORLD
     sp = case["sp"]
     col = column_cls(case["h"], case["ffn"], tp_group=group, sequence_parallel=sp,
@@ -597,7 +582,7 @@ def check_tp_pair_communication(ColumnParallelLinear, RowParallelLinear, *, worl
         bwd = [("all_reduce", {1}, full, None, dtype)]
     for rank, res in enumerate(results):
         if t == 1:
-            _expect_none(res["records"], rank=rank, context=ctx)
+            expect_no_comm(res["records"], rank=rank, context=f"{ctx}; a group of size 1 communicates nothing")
             continue
         _expect_phase(res["records"], rank=rank, phase="forward", expected=fwd, context=ctx)
         _expect_phase(res["records"], rank=rank, phase="backward", expected=bwd, context=ctx)
@@ -608,7 +593,7 @@ def check_tp_pair_communication(ColumnParallelLinear, RowParallelLinear, *, worl
 # ---------------------------------------------------------------------------
 
 def _mlp_rank(rank, world_size, mlp_cls, allreduce_fn, case, backend):
-    dev = _device(rank, backend)
+    dev = rank_device(rank, backend)
     group = dist.group.WORLD
     sp = case["sp"]
     h, ffn = case["h"], case["ffn"]
@@ -663,7 +648,7 @@ def _run_mlp(mlp_cls, allreduce_fn, world_size, hidden, ffn, seq, batch, sp, dty
     results = run_distributed(_mlp_rank, t, args=(mlp_cls, allreduce_fn, case, backend),
                               timeout=timeout, backend=backend)
     ctx = (f"LayerNorm({hidden}) -> ParallelMLP({hidden}, {ffn}, sequence_parallel={sp}), world size {t}, "
-           f"[s, b] = [{seq}, {batch}], {_dname(dtype)}")
+           f"[s, b] = [{seq}, {batch}], {dtype_name(dtype)}")
     check_consistent([r["records"] for r in results], context=ctx)
     grads = {k: v.grad for k, v in ref.items()}
     return results, y.detach(), grads, split, ctx
@@ -740,7 +725,7 @@ def check_sequence_parallel_grads(ParallelMLP, allreduce_sequence_parallel_grads
 # ---------------------------------------------------------------------------
 
 def _ce_rank(rank, world_size, fn, logits, target, grad, backend):
-    dev = _device(rank, backend)
+    dev = rank_device(rank, backend)
     group = dist.group.WORLD
     x = logits[rank].to(dev).clone().requires_grad_()
     before = x.detach().clone()
@@ -792,7 +777,7 @@ def check_vocab_parallel_cross_entropy(vocab_parallel_cross_entropy, *, world_si
     results = run_distributed(_ce_rank, t, args=(vocab_parallel_cross_entropy, shards, target, grad, backend),
                               timeout=timeout, backend=backend)
     ctx = (f"vocab_parallel_cross_entropy, world size {t}, [s, b, v] = [{seq}, {batch}, {vocab}], "
-           f"{_dname(dtype)} logits{' near +-1e4' if extreme else ''}")
+           f"{dtype_name(dtype)} logits{' near +-1e4' if extreme else ''}")
     check_consistent([r["records"] for r in results], context=ctx)
     for rank, res in enumerate(results):
         assert_close(res["loss"], loss_ref.detach().float(), name=f"{ctx}: loss [s, b] (float32)", rank=rank)
@@ -803,7 +788,7 @@ def check_vocab_parallel_cross_entropy(vocab_parallel_cross_entropy, *, world_si
                                f"work on a copy (Megatron's in-place subtraction is not allowed here)")
     for rank, res in enumerate(results):
         if t == 1:
-            _expect_none(res["records"], rank=rank, context=ctx)
+            expect_no_comm(res["records"], rank=rank, context=f"{ctx}; a group of size 1 communicates nothing")
             continue
         _expect_phase(res["records"], rank=rank, phase="forward",
                       expected=[("all_reduce", {3}, (seq, batch), None, torch.float32)], context=ctx)
@@ -815,7 +800,7 @@ def check_vocab_parallel_cross_entropy(vocab_parallel_cross_entropy, *, world_si
 # ---------------------------------------------------------------------------
 
 def _async_rank(rank, world_size, fn, case, backend):
-    dev = _device(rank, backend)
+    dev = rank_device(rank, backend)
     group = dist.group.WORLD
     x = case["x"].to(dev).clone().requires_grad_()
     w = case["w"][rank].to(dev).clone().requires_grad_()
@@ -846,7 +831,7 @@ def _run_async(fn, world_size, in_features, out_features, seq, batch, bias, dtyp
             "g": [G[..., s].contiguous() for s in rows]}
     results = run_distributed(_async_rank, t, args=(fn, case, backend), timeout=timeout, backend=backend)
     ctx = (f"LinearWithAsyncAllReduce, world size {t}, input [{seq}, {batch}, {in_features}], "
-           f"weight shard [{part}, {in_features}], bias={bias}, {_dname(dtype)}")
+           f"weight shard [{part}, {in_features}], bias={bias}, {dtype_name(dtype)}")
     check_consistent([r["records"] for r in results], context=ctx)
     expected = [{"out": Y[..., s].to(dtype), "x_grad": dX.to(dtype), "w_grad": dW[s].to(dtype),
                  "b_grad": db[s].to(dtype) if bias else None} for s in rows]
@@ -901,7 +886,7 @@ def check_async_allreduce_overlap(LinearWithAsyncAllReduce, *, world_size: int =
     for rank, res in enumerate(results):
         recs, ops = res["records"], res["ops"]
         if world_size == 1:
-            _expect_none(recs, rank=rank, context=ctx)
+            expect_no_comm(recs, rank=rank, context=f"{ctx}; a group of size 1 communicates nothing")
             continue
         _expect_phase(recs, rank=rank, phase="forward", expected=[], context=ctx)
         _expect_phase(recs, rank=rank, phase="backward",
@@ -979,7 +964,7 @@ def plot_pair_communication(ColumnParallelLinear, RowParallelLinear, *, world_si
             label = "TP + SP" if sp else "TP"
             ax.set_title(f"{label}, {phase}: {len(recs)} collective(s), each rank sends {sent:g} B", fontsize=10)
     fig.suptitle(f"Column({hidden}->{ffn}) -> Row({ffn}->{hidden}), rank 0 of {world_size}, "
-                 f"[s, b, h] = [{seq}, {batch}, {hidden}] {_dname(dtype)} (bytes = the full tensor of each op)",
+                 f"[s, b, h] = [{seq}, {batch}, {hidden}] {dtype_name(dtype)} (bytes = the full tensor of each op)",
                  fontsize=10)
     fig.legend(handles=[Patch(color=c, label=o) for o, c in _COLORS.items() if o != "wait"],
                loc="lower center", ncol=3, fontsize=8, bbox_to_anchor=(0.5, -0.08))
