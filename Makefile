@@ -6,6 +6,8 @@ STAMP := $(VENV)/.installed
 ASSIGNMENTS := $(notdir $(patsubst %/,%,$(dir $(wildcard assignments/*/_build_nb.py))))
 
 export TORCH_CPP_LOG_LEVEL := ERROR
+# this checkout's autograder/ and solutions/ first (also in a git worktree sharing a venv)
+export PYTHONPATH := $(CURDIR)
 # nbgrader runs `alembic` from PATH
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 

@@ -9,13 +9,67 @@ every failure message.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
-__all__ = ["CheckFailure", "TOLERANCES", "tolerance", "assert_close", "fmt_shape", "dtype_name"]
+__all__ = ["CheckFailure", "TOLERANCES", "tolerance", "assert_close", "fmt_shape", "dtype_name", "Findings"]
 
 
 class CheckFailure(AssertionError):
     """A graded check failed; the message says what, where, expected vs got."""
+
+
+class Findings:
+    """Collect a check's failures, then raise them together: communication first (the usual root cause).
+
+        findings = Findings()
+        for rank, out in enumerate(outs):
+            with findings.numbers():
+                assert_close(out["grad"], expected, name="grad of input", rank=rank)
+            with findings.communication():
+                expect_comm(out["comm"], rank=rank, op="all_reduce", phase="backward", count=1)
+        findings.raise_if_any()
+
+    A forgotten backward all-reduce shows up both as wrong numbers and as a
+    missing collective; the message says both, the missing collective first.
+    Only `CheckFailure` is collected; anything else propagates at once.
+    """
+
+    def __init__(self):
+        self.comm: list[str] = []
+        self.numeric: list[str] = []
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _collect(bucket: list):
+        try:
+            yield
+        except CheckFailure as exc:
+            bucket.append(str(exc))
+
+    def numbers(self):
+        """A block of element-wise comparisons."""
+        return self._collect(self.numeric)
+
+    def communication(self):
+        """A block of ledger checks (counts, shapes, phases, order)."""
+        return self._collect(self.comm)
+
+    def raise_if_any(self) -> None:
+        if not self.comm and not self.numeric:
+            return
+        parts = []
+        if self.comm:
+            parts.append(self.comm[0])
+            if len(self.comm) > 1:
+                parts.append(f"({len(self.comm) - 1} more communication finding(s) on other ranks or ops)")
+        if self.numeric:
+            lead = "The numbers are wrong too: " if self.comm else ""
+            parts.append(lead + self.numeric[0])
+            if len(self.numeric) > 1:
+                parts.append(f"({len(self.numeric) - 1} more wrong tensor(s) on this or other ranks)")
+        raise CheckFailure("\n".join(parts))
 
 
 # (rtol, atol) per dtype: torch.testing.assert_close's defaults, which allow for

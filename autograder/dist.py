@@ -371,10 +371,16 @@ def run_distributed(fn, world_size: int, *, args: tuple = (), timeout: float = 2
                 stream.flush()
             except Exception:  # noqa: BLE001
                 pass
+        t0 = time.monotonic()
         for rank in range(world_size):
             procs.append(_RankProcess(rank, method, payload, world_size, workdir, backend, timeout,
                                       check_collectives))
-        return _supervise(procs, workdir, timeout, show_output)
+        try:
+            return _supervise(procs, workdir, timeout, show_output)
+        finally:
+            from autograder.report import note_run
+
+            note_run(world_size, time.monotonic() - t0)
     finally:
         for p in procs:
             p.kill()

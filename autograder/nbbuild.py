@@ -67,6 +67,7 @@ class NotebookBuilder:
         self.name = name
         self.cells = []
         self._ids: set[str] = set()
+        self._exercise: str | None = None
 
     # -- cells ----------------------------------------------------------------
     def _cell_id(self, base: str) -> str:
@@ -121,14 +122,36 @@ class NotebookBuilder:
         body = source_of(module, *names)
         self.solution(grade_id, (prefix.strip("\n") + "\n\n\n" if prefix else "") + body, names=list(names))
 
-    def test(self, grade_id: str, points: float, *, doc: str, visible: str, hidden: str = "") -> None:
-        """A graded test cell: one behaviour, its points, visible checks, then hidden ones."""
+    def exercise(self, number, title: str, text: str = "") -> None:
+        """Start exercise `number`: its heading and task text; the test cells after it are labelled with it.
+
+        A stub's failure names the exercise ("Exercise 3 is not done yet: ..."),
+        and a passing test cell prints its label.
+        """
+        self._exercise = f"Exercise {number}"
+        body = textwrap.dedent(text).strip("\n")
+        self.markdown(f"## Exercise {number}: {title}" + (f"\n\n{body}" if body else ""))
+
+    def test(self, grade_id: str, points: float, *, doc: str, visible: str, hidden: str = "",
+             label: str | None = None) -> None:
+        """A graded test cell: one behaviour, its points, visible checks, then hidden ones.
+
+        The checks run inside `autograder.report.checking(label, doc)`: one line
+        when they pass, the exercise and the verdict first when they fail. The
+        label is the current exercise (see `exercise`) unless given.
+        """
         if not doc or "\n" in doc.strip():
             raise ValueError(f"test {grade_id!r}: doc must be one line saying what is checked")
-        parts = [f'"""{doc.strip()}"""', textwrap.dedent(visible).strip("\n")]
+        label = label or self._exercise
+        if label is None:
+            raise ValueError(f"test {grade_id!r}: no exercise started (call exercise() first, or pass label=)")
+        doc = doc.strip()
+        body = [textwrap.dedent(visible).strip("\n")]
         if hidden.strip():
-            parts += ["### BEGIN HIDDEN TESTS", textwrap.dedent(hidden).strip("\n"), "### END HIDDEN TESTS"]
-        cell = v4.new_code_cell("\n".join(p for p in parts if p),
+            body += ["### BEGIN HIDDEN TESTS", textwrap.dedent(hidden).strip("\n"), "### END HIDDEN TESTS"]
+        inner = textwrap.indent("\n".join(p for p in body if p), "    ")
+        source = f"with checking({label!r}, {doc!r}):\n{inner}"
+        cell = v4.new_code_cell(source,
                                 metadata=self._meta(grade_id=grade_id, grade=True, locked=True, points=points))
         cell.id = self._cell_id(grade_id)
         self.cells.append(cell)
@@ -157,6 +180,12 @@ class NotebookBuilder:
 
     def write(self, path: str) -> None:
         nb = self.notebook()
+        tests = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
+        imports = any("checking" in c.source and "autograder.report import" in c.source
+                      for c in nb.cells if c.metadata.get("nbgrader", {}).get("locked") and c not in tests)
+        if tests and not imports:
+            raise ValueError("the graded test cells use `checking`: a given (locked) set-up cell must "
+                             "`from autograder.report import checking`")
         grade_ids = [c.metadata["nbgrader"]["grade_id"] for c in nb.cells if "nbgrader" in c.metadata]
         dupes = {g for g in grade_ids if grade_ids.count(g) > 1}
         if dupes:

@@ -66,6 +66,7 @@ def build() -> NotebookBuilder:
     from torch import nn
 
     from autograder.dist import run_distributed
+    from autograder.report import checking
     from autograder.ledger import CommLedger, format_trace
     from autograder.checks.data_parallel import (
         ToyNet, check_broadcast_module_states, check_all_reduce_gradients, check_ddp_broadcast,
@@ -102,9 +103,7 @@ def build() -> NotebookBuilder:
     """)
 
     # -- 1. all_reduce_gradients -------------------------------------------------
-    nb.markdown("""
-    ## Task 1: `all_reduce_gradients(model, *, group)` (7 points)
-
+    nb.exercise(1, "`all_reduce_gradients(model, *, group)` (7 points)", """
     After `loss.backward()` each rank holds the gradient of its *local* mean
     loss. Replace every parameter's `.grad`, in place, by the average over the
     ranks of `group` (DDP semantics: the mean of the local-mean gradients,
@@ -127,9 +126,7 @@ def build() -> NotebookBuilder:
             """)
 
     # -- 2. BucketedDDP ------------------------------------------------------------
-    nb.markdown(f"""
-    ## Task 2: `BucketedDDP(module, *, group, bucket_cap_mb)` (32 points)
-
+    nb.exercise(2, "`BucketedDDP(module, *, group, bucket_cap_mb)` (32 points)", f"""
     Overlap the gradient all-reduce with backward, as PyTorch DDP's `Reducer`
     does. Deep dive: [01_gradient_bucketing.md]({LESSON}/01_gradient_bucketing.md).
 
@@ -218,9 +215,7 @@ def build() -> NotebookBuilder:
     """)
 
     # -- 3. zero_bytes_per_param ---------------------------------------------------
-    nb.markdown(f"""
-    ## Task 3: `zero_bytes_per_param(stage, dp_size, *, param_bytes=2, grad_bytes=2, optim_bytes=12)` (5 points)
-
+    nb.exercise(3, "`zero_bytes_per_param(stage, dp_size, *, param_bytes=2, grad_bytes=2, optim_bytes=12)` (5 points)", f"""
     Bytes of model state per parameter on each rank under ZeRO stage 0 (DDP),
     1 (optimizer state sharded), 2 (+ gradients), 3 (+ parameters) with `d =
     dp_size` ranks: with the defaults 16, 4 + 12/d, 2 + 14/d, 16/d. Lesson:
@@ -242,9 +237,7 @@ def build() -> NotebookBuilder:
     """)
 
     # -- 4. ZeRO -------------------------------------------------------------------
-    nb.markdown(f"""
-    ## Task 4: `ZeroShardedOptimizer(params, *, group, lr, betas, eps, weight_decay)` (33 points)
-
+    nb.exercise(4, "`ZeroShardedOptimizer(params, *, group, lr, betas, eps, weight_decay)` (33 points)", f"""
     AdamW with ZeRO-sharded state. Deep dive: [02_zero.md]({LESSON}/02_zero.md).
 
     First `adamw_update_(param, grad, state, *, lr, beta1, beta2, eps, weight_decay)`:
@@ -321,9 +314,7 @@ def build() -> NotebookBuilder:
             """)
 
     # -- 5. FSDP ---------------------------------------------------------------------
-    nb.markdown(f"""
-    ## Task 5: `FullyShardedLinear` and `fully_shard(module, *, group)` (23 points)
-
+    nb.exercise(5, "`FullyShardedLinear` and `fully_shard(module, *, group)` (23 points)", f"""
     FSDP (ZeRO-3): parameters live sharded; each wrapped layer gathers them
     just in time. Deep dive: [03_fsdp.md]({LESSON}/03_fsdp.md). The flat layout
     of one linear layer is given below (`flatten_linear_params`: weight

@@ -99,6 +99,7 @@ def build() -> NotebookBuilder:
     import torch.nn.functional as F
 
     from autograder.dist import run_distributed
+    from autograder.report import checking
     from autograder.ledger import CommLedger, format_trace
     from autograder.checks.tensor_parallel import (
         check_mapping, check_column_parallel_linear, check_row_parallel_linear, check_argument_errors,
@@ -156,9 +157,7 @@ def build() -> NotebookBuilder:
     """)
 
     # -- exercise 1 ----------------------------------------------------------------
-    nb.markdown("""
-    ## Exercise 1: the tensor-parallel mappings (last dim)
-
+    nb.exercise(1, "the tensor-parallel mappings (last dim)", """
     Implement, as Megatron-LM's `mappings.py` does (its symbol in each docstring):
 
     | function | forward | backward |
@@ -194,9 +193,7 @@ def build() -> NotebookBuilder:
                    "All-gather the last dim in rank order in forward, split it in backward.", True)
 
     # -- exercise 2 ----------------------------------------------------------------
-    nb.markdown("""
-    ## Exercise 2: the sequence-parallel mappings (dim 0)
-
+    nb.exercise(2, "the sequence-parallel mappings (dim 0)", """
     | function | forward | backward |
     |---|---|---|
     | `gather_from_sequence_parallel_region` | all-gather dim 0: `[s/t, b, h] -> [s, b, h]` | reduce-scatter dim 0 |
@@ -221,9 +218,7 @@ def build() -> NotebookBuilder:
                    "One reduce-scatter of [s, b, h] in forward, all-gather dim 0 in backward.", False)
 
     # -- exercise 3 ----------------------------------------------------------------
-    nb.markdown("""
-    ## Exercise 3: `ColumnParallelLinear` and `RowParallelLinear`
-
+    nb.exercise(3, "`ColumnParallelLinear` and `RowParallelLinear`", """
     Both take the full `master_weight` `[out, in]` (and `master_bias` `[out]`)
     that every rank slices its shard from, as Megatron's CPU initialisation
     does; the given `_master_parameters` validates their shapes (and makes
@@ -325,9 +320,7 @@ def build() -> NotebookBuilder:
     """)
 
     # -- exercise 4 ----------------------------------------------------------------
-    nb.markdown("""
-    ## Exercise 4: `ParallelMLP` and `allreduce_sequence_parallel_grads`
-
+    nb.exercise(4, "`ParallelMLP` and `allreduce_sequence_parallel_grads`", """
     `ParallelMLP`: `linear_fc1 = ColumnParallelLinear(h -> ffn, gather_output=False)`,
     exact GeLU (`F.gelu`, not the tanh approximation) on the shard,
     `linear_fc2 = RowParallelLinear(ffn -> h, input_is_parallel=True)`, both
@@ -372,9 +365,7 @@ def build() -> NotebookBuilder:
     """)
 
     # -- exercise 5 ----------------------------------------------------------------
-    nb.markdown("""
-    ## Exercise 5: `vocab_parallel_cross_entropy`
-
+    nb.exercise(5, "`vocab_parallel_cross_entropy`", """
     The output layer is column-parallel over the vocabulary: rank r holds the
     logits `[s, b, v/t]` of tokens `[r*v/t, (r+1)*v/t)`. Compute the per-token
     loss `[s, b]` (float32, whatever the input dtype) without gathering the
@@ -415,9 +406,7 @@ def build() -> NotebookBuilder:
     """)
 
     # -- exercise 6 ----------------------------------------------------------------
-    nb.markdown("""
-    ## Exercise 6: overlap the input-gradient all-reduce with the weight gradient
-
+    nb.exercise(6, "overlap the input-gradient all-reduce with the weight gradient", """
     In the column layer without SP, the backward all-reduce of `f` sits on
     the critical path. Megatron-LM fuses the column layer's matmul and its
     communication into one autograd Function

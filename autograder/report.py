@@ -1,0 +1,178 @@
+"""What a student sees when a graded test cell runs: one line when it passes, the verdict first when not.
+
+Every graded test cell of a notebook wraps its checks (the builder writes this):
+
+    with checking("Exercise 1", "f: identity forward, one all-reduce of the gradient in backward"):
+        check_mapping(copy_to_tensor_model_parallel_region, "copy_to_tensor_model_parallel_region", world_size=2)
+
+- passed: one line, what was checked, the world sizes the checks ran on, the time:
+  `✓ Exercise 1 · f: identity forward, ... — passed (world size 2, 0.4 s)`
+- a stub: `NotImplementedError: Exercise 3 is not done yet: ColumnParallelLinear.__init__ is
+  still the stub ...`, naming the exercise and the function;
+- any other failure: the same exception type, its message led by the exercise and
+  what was checked, and in IPython only that message and the student's own frames
+  (`_render_traceback_`); the course's internals are one flag away:
+  `AUTOGRADER_TRACEBACK=full` in the environment, or `show_internals(True)`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import re
+import sys
+import sysconfig
+import time
+import traceback
+from dataclasses import dataclass, field
+
+__all__ = ["checking", "show_internals", "note_run", "student_frames", "is_student_file"]
+
+_FULL = {"on": os.environ.get("AUTOGRADER_TRACEBACK", "").lower() == "full"}
+
+
+def show_internals(on: bool = True) -> None:
+    """Show full tracebacks, the course's own frames included (for instructors and debugging)."""
+    _FULL["on"] = bool(on)
+
+
+def internals_shown() -> bool:
+    return _FULL["on"]
+
+
+@dataclass
+class _Report:
+    label: str
+    what: str
+    runs: list = field(default_factory=list)  # (world_size, seconds)
+
+
+_current: contextvars.ContextVar[_Report | None] = contextvars.ContextVar("autograder_check", default=None)
+
+
+def note_run(world_size: int, seconds: float) -> None:
+    """Called by run_distributed: the world sizes a graded cell ran on go into its pass line."""
+    report = _current.get()
+    if report is not None:
+        report.runs.append((world_size, seconds))
+
+
+# -- which frames are the student's -------------------------------------------------------------
+
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+_LIB_DIRS = tuple({os.path.abspath(p) for p in (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
+                                               sysconfig.get_paths()["platlib"])})
+
+
+def is_student_file(filename: str) -> bool:
+    """A notebook cell or the student's own file: not the course package, not torch, not the standard library."""
+    if not filename or filename.startswith("<frozen"):
+        return False
+    if filename.startswith("<"):  # "<cell ...>", "<ipython-input-...>", "<string>"
+        return True
+    path = os.path.abspath(filename)
+    if path.startswith(_PKG_DIR + os.sep):
+        return False
+    return not any(path.startswith(d + os.sep) for d in _LIB_DIRS)
+
+
+def student_frames(tb) -> list[traceback.FrameSummary]:
+    """The frames of a traceback that are in the student's code, outermost first."""
+    return [fs for fs in traceback.extract_tb(tb) if is_student_file(fs.filename)]
+
+
+def _qualname(tb) -> str:
+    """`Class.method` of the innermost student frame of a traceback (Python >= 3.11 knows it)."""
+    name = ""
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if is_student_file(code.co_filename):
+            name = getattr(code, "co_qualname", code.co_name)
+        tb = tb.tb_next
+    return name
+
+
+_STUB_IN_TEXT = re.compile(r'File "[^"]*", line \d+, in (?P<name>[^\n]+)\n(?:[^\n]*\n)*?\s*raise NotImplementedError')
+
+
+def _stub_name(exc: BaseException) -> str | None:
+    """The student function that is still a stub, if `exc` comes from one; None otherwise."""
+    failures = getattr(exc, "failures", None)
+    if failures is not None:  # a DistributedError: every rank that raised, raised NotImplementedError
+        raised = [f for f in failures if f.kind == "exception"]
+        if raised and all(getattr(f, "exc_type", "") == "NotImplementedError" or
+                          f.detail.rstrip().endswith("NotImplementedError") for f in raised):
+            names = [getattr(f, "stub", "") for f in raised]
+            if any(names):
+                return next(n for n in names if n)
+            m = _STUB_IN_TEXT.search(raised[0].detail)
+            return m.group("name").strip() if m else "a function"
+        return None
+    if isinstance(exc, NotImplementedError):
+        return _qualname(exc.__traceback__) or "a function"
+    return None
+
+
+def _render(exc: BaseException, text: str) -> list[str]:
+    """The lines IPython shows for a failed graded cell: the verdict, then the student's frames."""
+    lines = [f"{type(exc).__name__}: {text}"]
+    frames = student_frames(exc.__traceback__)
+    if frames:
+        lines.append("")
+        lines.append("Your code on the way (innermost last):")
+        lines.extend(line.rstrip("\n") for line in traceback.format_list(frames))
+    return lines
+
+
+def _attach_rendering(exc: BaseException, text: str) -> None:
+    if internals_shown():
+        return
+    try:
+        exc._render_traceback_ = lambda: _render(exc, text)
+    except (AttributeError, TypeError):  # an exception type without a __dict__
+        pass
+
+
+def _ran_on(runs) -> str:
+    sizes = sorted({w for w, _ in runs})
+    if not sizes:
+        return ""
+    word = "world size" if len(sizes) == 1 else "world sizes"
+    return f"{word} {', '.join(str(s) for s in sizes)}"
+
+
+@contextlib.contextmanager
+def checking(label: str, what: str):
+    """A graded cell: print one line on success; on failure re-raise with the exercise and the verdict first."""
+    report = _Report(label, what)
+    token = _current.set(report)
+    t0 = time.perf_counter()
+    try:
+        yield report
+    except BaseException as exc:  # noqa: BLE001 - re-raised below, never swallowed
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        stub = _stub_name(exc)
+        if stub is not None:
+            text = (f"{label} is not done yet: {stub} is still the stub (it raises NotImplementedError). "
+                    f"Implement it in the answer cell of {label}, run that cell, then run this one again.")
+            new = NotImplementedError(text)
+            _attach_rendering(new, text)
+            raise new from None
+        text = f"{label} · {what}: FAILED\n{exc}"
+        try:
+            exc.args = (text,)
+        except (AttributeError, TypeError):
+            pass
+        if str(exc) != text:  # an exception type whose str() ignores args: say it in a note
+            text = f"{label} · {what}: FAILED\n{exc}"
+        _attach_rendering(exc, text)
+        raise
+    finally:
+        _current.reset(token)
+    seconds = time.perf_counter() - t0
+    ran = _ran_on(report.runs)
+    detail = f"{ran}, {seconds:.1f} s" if ran else f"{seconds:.1f} s"
+    print(f"\u2713 {label} \u00b7 {what} \u2014 passed ({detail})")
+    sys.stdout.flush()
