@@ -11,7 +11,7 @@ export PYTHONPATH := $(CURDIR)
 # nbgrader runs `alembic` from PATH
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install build test demo lab clean student-package
+.PHONY: install build test test-all demo lab clean student-package
 
 install: $(STAMP)
 
@@ -52,3 +52,7 @@ student-package: $(STAMP)
 
 clean:
 	rm -rf submitted autograded feedback gradebook.db .pytest_cache dist
+
+# Everything, the opt-in sweeps included (every mutant on every cell of its notebook).
+test-all: $(STAMP)
+	COURSE_EXHAUSTIVE=1 $(PY) -m pytest -q
