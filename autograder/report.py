@@ -20,14 +20,13 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-import re
 import sys
 import sysconfig
 import time
 import traceback
 from dataclasses import dataclass, field
 
-__all__ = ["checking", "show_internals", "note_run", "student_frames", "is_student_file"]
+__all__ = ["checking", "show_internals", "note_run", "student_frames", "is_student_file", "describe_location"]
 
 _FULL = {"on": os.environ.get("AUTOGRADER_TRACEBACK", "").lower() == "full"}
 
@@ -77,6 +76,24 @@ def is_student_file(filename: str) -> bool:
     return not any(path.startswith(d + os.sep) for d in _LIB_DIRS)
 
 
+def describe_location(filename: str, lineno: int, name: str) -> str:
+    """`Cell In[5], line 12, in forward` for a notebook cell (as IPython names it), `file.py:12, in forward` else."""
+    label = None
+    try:
+        from IPython import get_ipython
+
+        ip = get_ipython()
+        if ip is not None:
+            label = ip.compile.format_code_name(filename)
+    except Exception:  # noqa: BLE001 - no IPython, or an older one: fall back to the file name
+        label = None
+    if label:
+        return f"{label[0]} {label[1]}, line {lineno}, in {name}"
+    if filename.startswith("<"):
+        return f"{filename}, line {lineno}, in {name}"
+    return f"{os.path.basename(filename)}:{lineno}, in {name}"
+
+
 def student_frames(tb) -> list[traceback.FrameSummary]:
     """The frames of a traceback that are in the student's code, outermost first."""
     return [fs for fs in traceback.extract_tb(tb) if is_student_file(fs.filename)]
@@ -93,24 +110,16 @@ def _qualname(tb) -> str:
     return name
 
 
-_STUB_IN_TEXT = re.compile(r'File "[^"]*", line \d+, in (?P<name>[^\n]+)\n(?:[^\n]*\n)*?\s*raise NotImplementedError')
-
-
 def _stub_name(exc: BaseException) -> str | None:
     """The student function that is still a stub, if `exc` comes from one; None otherwise."""
-    failures = getattr(exc, "failures", None)
-    if failures is not None:  # a DistributedError: every rank that raised, raised NotImplementedError
-        raised = [f for f in failures if f.kind == "exception"]
-        if raised and all(getattr(f, "exc_type", "") == "NotImplementedError" or
-                          f.detail.rstrip().endswith("NotImplementedError") for f in raised):
-            names = [getattr(f, "stub", "") for f in raised]
-            if any(names):
-                return next(n for n in names if n)
-            m = _STUB_IN_TEXT.search(raised[0].detail)
-            return m.group("name").strip() if m else "a function"
-        return None
+    if hasattr(exc, "failures"):  # a DistributedError: every rank that raised is stuck in a stub
+        return getattr(exc, "stub", "") or None
     if isinstance(exc, NotImplementedError):
-        return _qualname(exc.__traceback__) or "a function"
+        frames = student_frames(exc.__traceback__)
+        from autograder.dist import STUB_LINE
+
+        if frames and (frames[-1].line or "").strip() == STUB_LINE:
+            return _qualname(exc.__traceback__) or frames[-1].name
     return None
 
 
