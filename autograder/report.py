@@ -124,13 +124,21 @@ def _stub_name(exc: BaseException) -> str | None:
 
 
 def _render(exc: BaseException, text: str) -> list[str]:
-    """The lines IPython shows for a failed graded cell: the verdict, then the student's frames."""
+    """The lines IPython shows for a failed graded cell: the verdict, then the student's own frames.
+
+    The test cell's own frame (the outermost) is left out: it is the check's
+    call, not the student's code. Frames of the course's checks and of torch
+    are left out too (`show_internals` shows everything).
+    """
     lines = [f"{type(exc).__name__}: {text}"]
-    frames = student_frames(exc.__traceback__)
+    frames = student_frames(exc.__traceback__)[1:]
     if frames:
         lines.append("")
-        lines.append("Your code on the way (innermost last):")
-        lines.extend(line.rstrip("\n") for line in traceback.format_list(frames))
+        lines.append("In your code (innermost last):")
+        for fs in frames:
+            lines.append(f"  {describe_location(fs.filename, fs.lineno, fs.name)}")
+            if fs.line:
+                lines.append(f"    {fs.line.strip()}")
     return lines
 
 
@@ -154,6 +162,7 @@ def _ran_on(runs) -> str:
 @contextlib.contextmanager
 def checking(label: str, what: str):
     """A graded cell: print one line on success; on failure re-raise with the exercise and the verdict first."""
+    what = what.strip().rstrip(".")
     report = _Report(label, what)
     token = _current.set(report)
     t0 = time.perf_counter()
