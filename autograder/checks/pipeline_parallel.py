@@ -1,0 +1,1182 @@
+"""Public checks of assignment 03 (pipeline parallelism): what is graded, readably.
+
+    import autograder.checks.pipeline_parallel as checks
+    checks.check_one_f_one_b_schedule(one_f_one_b_schedule)
+    checks.check_run_pipeline(run_pipeline, one_f_one_b_schedule, num_stages=2, num_microbatches=3)
+
+Schedules are pure functions, checked here without any rank: the actions of
+every stage are read for the properties that define GPipe, 1F1B and
+interleaved 1F1B (forward and backward order, warm-up length, one forward /
+one backward alternation), and the stages' lists are run together on an
+ideal timeline to prove that they cannot deadlock.
+
+`run_pipeline` is checked by running it in real gloo ranks on a model built
+here: every virtual stage is `y = x + mask * tanh(x W^T + b)`, whose column 0
+(the micro-batch's number, its tag) passes unchanged, so each stage can tell
+which micro-batch it is running. The stage modules the student's executor
+gets are wrapped in a probe that records, while it runs, every forward and
+backward (micro-batch, chunk, start and end time) and how many stage outputs
+are still alive each time a new one is made (weak references; see
+`check_pipeline_memory`). The ranks return their loss, their gradients, what
+the probe saw and their communication ledger; verdicts are computed in this
+process, against a single-process run of the same stages (spec 3.2). Peers in
+the ledger are ranks of the pipeline group; tests use a pipeline group inside
+a larger world (`pp_ranks`).
+
+A deadlock is a plausible mistake here, so runs use a short timeout (5 s):
+past it the runner reports every rank's stack. Runs skip the runner's
+collective fingerprinting (`check_collectives=False`): a pipeline issues no
+collectives (the ledger checks that), and under TORCH_DISTRIBUTED_DEBUG=DETAIL
+P2P ops advance the group's sequence number, so ranks with different numbers
+of sends would fail the runner's own final barrier on the default group.
+Rank programs are module-level functions, and tensors go to `cuda:<rank>`
+under nccl.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+import weakref
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from autograder.compare import CheckFailure, Findings, assert_close, dtype_name, fmt_shape
+from autograder.dist import DistributedError, rank_device, run_distributed
+from autograder.ledger import CommLedger, format_trace
+from autograder.volume import pp_bubble_fraction
+
+__all__ = [
+    "TaggedStage", "simulate_schedules", "show_schedules", "format_actions", "in_flight_peak",
+    "check_p2p_helpers", "check_gpipe_schedule", "check_one_f_one_b_schedule", "check_interleaved_schedule",
+    "check_bubble_fraction", "check_run_pipeline", "check_pipeline_memory", "check_run_pipeline_errors",
+    "record_timeline", "measured_idle_fraction", "plot_pipeline_timelines",
+]
+
+_TIMEOUT = 5.0  # seconds: a deadlock is reported within this, with every rank's stack
+
+_DEADLOCK_HINT = (
+    "Hint: the ranks deadlocked. With gloo a send completes only once the peer has posted the matching "
+    "receive, so a send that blocks (dist.send, or isend(...).wait() right away) waits for a peer that is "
+    "itself blocked sending. Post sends (dist.isend) and return the handle, block only in receives, and wait "
+    "the handles later; also check that every send goes to the neighbour that receives it "
+    "(activations to the next rank, gradients to the previous one, as ranks of pp_group).")
+
+
+# ---------------------------------------------------------------------------
+# Schedules: reading, formatting, simulating
+# ---------------------------------------------------------------------------
+
+def _action_text(action) -> str:
+    if isinstance(action, (tuple, list)) and len(action) in (2, 3):
+        text = f"{action[0]}{action[1]}"
+        return text + (f"c{action[2]}" if len(action) == 3 else "")
+    return repr(action)
+
+
+def format_actions(actions, limit: int = 40) -> str:
+    """`F0 F1 B0 F2 B1 B2` (with chunks: `F0c0 F1c0 F0c1 ...`); long lists are cut."""
+    items = [_action_text(a) for a in actions]
+    if len(items) > limit:
+        items = items[:limit] + [f"... ({len(items) - limit} more)"]
+    return " ".join(items) if items else "(no actions)"
+
+
+def _normalize(actions, *, what: str, num_chunks: int) -> list[tuple[str, int, int]]:
+    """The actions as (kind, mb, chunk); CheckFailure for anything else."""
+    if not isinstance(actions, (list, tuple)):
+        raise CheckFailure(f"{what} returned {type(actions).__name__}; expected a list of actions "
+                           f"like ('F', 0) and ('B', 0)")
+    size = 2 if num_chunks == 1 else 3
+    example = "('F', microbatch)" if size == 2 else "('F', microbatch, chunk)"
+    out = []
+    for i, a in enumerate(actions):
+        if (not isinstance(a, tuple) or len(a) != size or a[0] not in ("F", "B")
+                or not all(isinstance(n, int) and not isinstance(n, bool) for n in a[1:])):
+            raise CheckFailure(f"{what}: action {i} is {a!r}; every action must be a tuple {example} "
+                               f"with kind 'F' or 'B' and int indices")
+        out.append((a[0], a[1], a[2] if size == 3 else 0))
+    return out
+
+
+def _check_complete(acts, *, m: int, v: int, what: str, shown: str) -> None:
+    """Every (mb, chunk) forwarded exactly once, then backwarded exactly once."""
+    done_f, done_b = set(), set()
+    for i, (kind, mb, c) in enumerate(acts):
+        if not (0 <= mb < m and 0 <= c < v):
+            raise CheckFailure(f"{what}: action {i} ({_action_text((kind, mb) if v == 1 else (kind, mb, c))}) is "
+                               f"outside {m} micro-batches{f' and {v} chunks' if v > 1 else ''}.\n  {shown}")
+        key = (mb, c)
+        if kind == "F":
+            if key in done_f:
+                raise CheckFailure(f"{what}: micro-batch {mb}{f' chunk {c}' if v > 1 else ''} is forwarded twice.\n"
+                                   f"  {shown}")
+            done_f.add(key)
+        else:
+            if key not in done_f:
+                raise CheckFailure(f"{what}: micro-batch {mb}{f' chunk {c}' if v > 1 else ''} is backwarded "
+                                   f"before its forward.\n  {shown}")
+            if key in done_b:
+                raise CheckFailure(f"{what}: micro-batch {mb}{f' chunk {c}' if v > 1 else ''} is backwarded "
+                                   f"twice.\n  {shown}")
+            done_b.add(key)
+    missing = sorted({(mb, c) for mb in range(m) for c in range(v)} - done_b)
+    if missing:
+        names = ", ".join(f"{mb}" if v == 1 else f"({mb}, chunk {c})" for mb, c in missing[:5])
+        raise CheckFailure(f"{what}: {len(acts)} actions, expected {2 * m * v} (one forward and one backward "
+                           f"per micro-batch{' and chunk' if v > 1 else ''}); never completed: {names}.\n  {shown}")
+
+
+def _forward_order(p: int, m: int, v: int) -> list[tuple[int, int]]:
+    """(mb, chunk) in forward order: with chunks, each group of p micro-batches visits chunk 0, 1, ..., v-1."""
+    if v == 1:
+        return [(mb, 0) for mb in range(m)]
+    order = []
+    for group in range(m // p):
+        for chunk in range(v):
+            order.extend((group * p + i, chunk) for i in range(p))
+    return order
+
+
+def _backward_order(p: int, m: int, v: int) -> list[tuple[int, int]]:
+    """(mb, chunk) in backward order: FIFO micro-batches; with chunks, the groups visit the chunks in reverse."""
+    if v == 1:
+        return [(mb, 0) for mb in range(m)]
+    order = []
+    for group in range(m // p):
+        for chunk in reversed(range(v)):
+            order.extend((group * p + i, chunk) for i in range(p))
+    return order
+
+
+def _check_orders(acts, *, p, m, v, what, shown) -> None:
+    for kind, expected, rule in (
+            ("F", _forward_order(p, m, v),
+             "micro-batch order" if v == 1 else "groups of p micro-batches, each group through chunk 0, 1, ..., v-1"),
+            ("B", _backward_order(p, m, v),
+             "micro-batch order (FIFO: the oldest micro-batch first)" if v == 1 else
+             "the forward groups, each through the chunks in reverse (v-1, ..., 0), micro-batches FIFO")):
+        got = [(mb, c) for k, mb, c in acts if k == kind]
+        for i, (g, e) in enumerate(zip(got, expected)):
+            if g != e:
+                fmt = (lambda t: f"{kind}{t[0]}") if v == 1 else (lambda t: f"{kind}{t[0]}c{t[1]}")
+                word = "forward" if kind == "F" else "backward"
+                raise CheckFailure(
+                    f"{what}: {word} #{i} is {fmt(g)}, expected {fmt(e)}: {word}s run in {rule}.\n"
+                    f"  expected {word}s: {' '.join(fmt(t) for t in expected[:24])}"
+                    f"{' ...' if len(expected) > 24 else ''}\n  {shown}")
+
+
+def _check_alternation(acts, *, leading: int, leading_rule: str, what: str, shown: str) -> None:
+    """`leading` forwards, then one backward / one forward alternately while forwards remain, then backwards."""
+    first_b = next((i for i, a in enumerate(acts) if a[0] == "B"), len(acts))
+    if first_b != leading:
+        raise CheckFailure(f"{what}: {first_b} forward(s) before the first backward; expected {leading_rule}.\n"
+                           f"  {shown}")
+    remaining_f = sum(1 for a in acts[first_b:] if a[0] == "F")
+    prev = None
+    for i in range(first_b, len(acts)):
+        kind = acts[i][0]
+        if kind == prev and remaining_f > 0:
+            word = "forwards" if kind == "F" else "backwards"
+            raise CheckFailure(
+                f"{what}: two {word} in a row at actions {i - 1} and {i} "
+                f"({_action_text(acts[i - 1][:2])}, {_action_text(acts[i][:2])}) while forwards remain: after "
+                f"the warm-up the steady state alternates one backward and one forward, then only backwards "
+                f"remain (cool-down).\n  {shown}")
+        if kind == "F":
+            remaining_f -= 1
+        prev = kind
+
+
+def in_flight_peak(actions) -> int:
+    """The most stage outputs a schedule needs alive at once: max over its forwards of (forwards - backwards) so far."""
+    live = peak = 0
+    for a in actions:
+        live += 1 if a[0] == "F" else -1
+        peak = max(peak, live)
+    return peak
+
+
+def simulate_schedules(schedules, *, num_chunks: int = 1, forward: float = 1.0, backward: float = 2.0) -> dict:
+    """Run every stage's action list together on an ideal timeline (no communication time).
+
+    `schedules[r]` is rank r's list. A forward of virtual stage k > 0 starts
+    when the same micro-batch's forward of stage k - 1 has finished; a
+    backward of stage k < last when stage k + 1's backward of it has; each rank
+    runs its actions in order, one at a time. A chunk takes `forward / v` and
+    `backward / v`. Returns {"events": per rank [(kind, mb, chunk, start, end)],
+    "makespan", "idle_fraction"}, or {"deadlock": text} when no rank can make
+    progress (blocking receives would wait forever).
+    """
+    p = len(schedules)
+    v = num_chunks
+    acts = [[(a[0], a[1], a[2] if len(a) == 3 else 0) for a in s] for s in schedules]
+    last = p * v - 1
+    done: dict[tuple, float] = {}
+    pos = [0] * p
+    free = [0.0] * p
+    events = [[] for _ in range(p)]
+    total = sum(len(a) for a in acts)
+    finished = 0
+    while finished < total:
+        progressed = False
+        for r in range(p):
+            while pos[r] < len(acts[r]):
+                kind, mb, c = acts[r][pos[r]]
+                vs = c * p + r
+                if kind == "F":
+                    dep = ("F", mb, vs - 1) if vs > 0 else None
+                else:
+                    dep = ("B", mb, vs + 1) if vs < last else ("F", mb, vs)
+                if dep is not None and dep not in done:
+                    break
+                start = max(free[r], done[dep] if dep is not None else 0.0)
+                end = start + (forward if kind == "F" else backward) / v
+                done[(kind, mb, vs)] = end
+                free[r] = end
+                events[r].append((kind, mb, c, start, end))
+                pos[r] += 1
+                finished += 1
+                progressed = True
+        if not progressed:
+            lines = []
+            for r in range(p):
+                if pos[r] >= len(acts[r]):
+                    lines.append(f"stage {r}: finished")
+                    continue
+                kind, mb, c = acts[r][pos[r]]
+                vs = c * p + r
+                need = (f"stage {(vs - 1) % p}'s F{mb}" if kind == "F" else f"stage {(vs + 1) % p}'s B{mb}")
+                if v > 1:
+                    need += f" (chunk {(vs - 1) // p if kind == 'F' else (vs + 1) // p})"
+                me = _action_text((kind, mb) if v == 1 else (kind, mb, c))
+                lines.append(f"stage {r}: blocked at action {pos[r]} ({me}), waiting for {need}")
+            return {"deadlock": "\n  ".join(lines)}
+    makespan = max((e[-1][4] for e in events if e), default=0.0)
+    busy = sum(ev[4] - ev[3] for e in events for ev in e)
+    idle = 1.0 - busy / (p * makespan) if makespan > 0 else 0.0
+    return {"events": events, "makespan": makespan, "idle_fraction": idle}
+
+
+def show_schedules(schedule_fn, num_stages: int, num_microbatches: int, num_chunks: int = 1) -> None:
+    """Print every stage's actions, and the idle fraction of the stages run together on an ideal timeline.
+
+    The ideal timeline: a forward takes 1, a backward 2 (split over the
+    chunks), communication takes no time (`simulate_schedules`).
+    """
+    p, m, v = num_stages, num_microbatches, num_chunks
+    lists = _schedule_lists(schedule_fn, p, m, v, getattr(schedule_fn, "__name__", "schedule"))
+    for s, actions in enumerate(lists):
+        print(f"stage {s}: {format_actions(actions, limit=200)}")
+    sim = simulate_schedules(lists, num_chunks=v)
+    if "deadlock" in sim:
+        print(f"run together, these schedules DEADLOCK:\n  {sim['deadlock']}")
+    else:
+        print(f"ideal timeline (F = 1, B = 2, no communication time): idle fraction {sim['idle_fraction']:.4f}; "
+              f"(p - 1) / (v m + p - 1) = {pp_bubble_fraction(p, m, v):.4f}")
+
+
+def _schedule_lists(fn, p: int, m: int, v: int, name: str) -> list:
+    """Every stage's list from the student's schedule function (NotImplementedError passes through)."""
+    out = []
+    for s in range(p):
+        args = (p, s, m) if v == 1 else (p, s, m, v)
+        try:
+            out.append(fn(*args))
+        except NotImplementedError:
+            raise
+        except Exception as exc:
+            raise CheckFailure(f"{name}{args} raised {type(exc).__name__}: {exc}") from exc
+    return out
+
+
+def _check_feasible(lists, *, p, m, v, name) -> None:
+    sim = simulate_schedules(lists, num_chunks=v)
+    if "deadlock" in sim:
+        shown = "\n  ".join(f"stage {s}: {format_actions(a)}" for s, a in enumerate(lists))
+        raise CheckFailure(
+            f"{name} with {p} stages and {m} micro-batches{f' and {v} chunks' if v > 1 else ''}: run together, "
+            f"the stages deadlock (a stage blocks in a receive that its neighbour only sends after waiting for "
+            f"this stage):\n  {sim['deadlock']}\n  {shown}")
+
+
+def _expect_value_error(fn, args, must_mention, label: str) -> None:
+    try:
+        fn(*args)
+    except ValueError as exc:
+        absent = [str(s) for s in must_mention if str(s) not in str(exc)]
+        if absent:
+            raise CheckFailure(f"{label}: the ValueError should name the sizes involved ({', '.join(map(str, must_mention))}); "
+                               f"its message was: {str(exc)!r}") from None
+        return
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the wrong exception type is the finding
+        raise CheckFailure(f"{label}: expected ValueError, got {type(exc).__name__}: {exc}") from None
+    raise CheckFailure(f"{label}: expected ValueError, nothing was raised.")
+
+
+def _schedule_errors(fn, name: str, extra=()) -> None:
+    cases = [((2, 2, 4), (2,), "stage 2 of a 2-stage pipeline"), ((2, -1, 4), (-1,), "stage -1"),
+             ((2, 0, 0), (0,), "0 micro-batches"), ((0, 0, 4), (0,), "0 stages")]
+    for args, mention, label in list(cases) + list(extra):
+        full = args if len(args) == 4 or name != "interleaved_1f1b_schedule" else (*args, 2)
+        _expect_value_error(fn, full, mention, f"{name}{full} ({label})")
+
+
+def _check_schedule_family(fn, name: str, cases, *, kind: str) -> None:
+    for case in cases:
+        p, m = case[0], case[1]
+        v = case[2] if kind == "interleaved" else 1
+        lists = _schedule_lists(fn, p, m, v, name)
+        for s, actions in enumerate(lists):
+            args = (p, s, m) if v == 1 else (p, s, m, v)
+            what = f"{name}{args}"
+            acts = _normalize(actions, what=what, num_chunks=v)
+            shown = f"stage {s}: {format_actions(actions)}"
+            _check_complete(acts, m=m, v=v, what=what, shown=shown)
+            _check_orders(acts, p=p, m=m, v=v, what=what, shown=shown)
+            if kind == "gpipe":
+                leading, rule = m, f"all {m} forwards first (GPipe), then the backwards"
+            elif kind == "1f1b":
+                leading = min(p - s, m)
+                rule = (f"min(p - stage, m) = {leading}: a warm-up of min(p - stage - 1, m) = "
+                        f"{min(p - s - 1, m)} forward(s), then the first steady-state forward")
+                if p - s - 1 >= m:
+                    rule = f"all {m} (the warm-up min(p - stage - 1, m) = {m} covers every micro-batch)"
+            else:
+                warmup = min((p - s - 1) * 2 + (v - 1) * p, m * v)
+                leading = min(warmup + 1, m * v)
+                rule = (f"{leading}: a warm-up of min((p - stage - 1) * 2 + (v - 1) * p, m v) = {warmup} "
+                        f"forward(s){', then the first steady-state forward' if warmup < m * v else ''}")
+            _check_alternation(acts, leading=leading, leading_rule=rule, what=what, shown=shown)
+        _check_feasible(lists, p=p, m=m, v=v, name=name)
+
+
+def check_gpipe_schedule(gpipe_schedule, *, cases=((2, 3), (4, 2), (1, 2))) -> None:
+    """GPipe: for every stage, each micro-batch forwarded once then backwarded once; all forwards first,
+    in micro-batch order, then all backwards in micro-batch order (FIFO); the stages run together
+    without deadlock; ValueError for a stage outside 0..p-1, p < 1 or m < 1. `cases`: (p, m) pairs."""
+    _check_schedule_family(gpipe_schedule, "gpipe_schedule", cases, kind="gpipe")
+    _schedule_errors(gpipe_schedule, "gpipe_schedule")
+
+
+def check_one_f_one_b_schedule(one_f_one_b_schedule, *, cases=((2, 3), (4, 6), (3, 2), (1, 3))) -> None:
+    """1F1B (Megatron's forward_backward_pipelining_without_interleaving), for every stage s of p:
+    micro-batches forwarded and backwarded in order (FIFO); min(p - s, m) forwards before the first
+    backward (the warm-up of min(p - s - 1, m), then the first steady-state forward); then one backward /
+    one forward alternately while forwards remain, then the remaining backwards; the stages run together
+    without deadlock; ValueError for invalid arguments. `cases`: (p, m) pairs."""
+    _check_schedule_family(one_f_one_b_schedule, "one_f_one_b_schedule", cases, kind="1f1b")
+    _schedule_errors(one_f_one_b_schedule, "one_f_one_b_schedule")
+
+
+def check_interleaved_schedule(interleaved_1f1b_schedule, *, cases=((2, 4, 2), (4, 8, 2), (3, 3, 3))) -> None:
+    """Interleaved 1F1B (Megatron's forward_backward_pipelining_with_interleaving), stage s of p, v chunks:
+    forwards in groups of p micro-batches, each group through chunk 0..v-1; backwards through the same
+    groups with the chunks reversed (FIFO within a group); min(w + 1, m v) forwards before the first
+    backward, w = min((p - s - 1) * 2 + (v - 1) * p, m v); then one backward / one forward alternately,
+    then the remaining backwards; no deadlock across stages; ValueError when m is not a multiple of p,
+    for v < 2, and for invalid stages. `cases`: (p, m, v)."""
+    _check_schedule_family(interleaved_1f1b_schedule, "interleaved_1f1b_schedule", cases, kind="interleaved")
+    _schedule_errors(interleaved_1f1b_schedule, "interleaved_1f1b_schedule",
+                     extra=[((2, 0, 3, 2), (3, 2), "3 micro-batches on 2 stages"),
+                            ((4, 1, 6, 2), (6, 4), "6 micro-batches on 4 stages"),
+                            ((2, 0, 4, 1), (1,), "1 chunk")])
+
+
+def check_bubble_fraction(bubble_fraction, *, cases=((4, 8, 1), (2, 1, 1), (8, 32, 1), (4, 8, 2), (1, 5, 1),
+                                                    (3, 6, 3))) -> None:
+    """bubble_fraction(p, m, num_chunks=v) = (p - 1) / (v m + p - 1) for each (p, m, v) (rtol 1e-12);
+    `bubble_fraction(p, m)` means v = 1; ValueError for p, m or v below 1."""
+    for p, m, v in cases:
+        try:
+            got = bubble_fraction(p, m) if v == 1 else bubble_fraction(p, m, num_chunks=v)
+        except NotImplementedError:
+            raise
+        except Exception as exc:
+            raise CheckFailure(f"bubble_fraction({p}, {m}, num_chunks={v}) raised {type(exc).__name__}: {exc}") from exc
+        want = pp_bubble_fraction(p, m, v)
+        if not isinstance(got, (int, float)) or abs(float(got) - want) > 1e-12 * max(1.0, abs(want)):
+            raise CheckFailure(f"bubble_fraction({p}, {m}, num_chunks={v}) = {got!r}; expected (p - 1) / (v m + p - 1) "
+                               f"= {p - 1} / {v * m + p - 1} = {want:.6f} (the idle share of the whole step, "
+                               f"not of the busy time: (p - 1) / (v m) = {(p - 1) / (v * m):.6f})")
+    for args, mention in (((0, 4), (0,)), ((4, 0), (0,)), ((4, 4, 0), (0,))):
+        call = (lambda a=args: bubble_fraction(*a[:2], num_chunks=a[2])) if len(args) == 3 else \
+            (lambda a=args: bubble_fraction(*a))
+        _expect_value_error(call, (), mention, f"bubble_fraction{args}")
+
+
+# ---------------------------------------------------------------------------
+# Rank-side machinery: groups, the tagged model, the probe
+# ---------------------------------------------------------------------------
+
+def _layout(world_size: int, pp_ranks) -> list[list[int]]:
+    groups = [list(range(world_size))] if pp_ranks is None else [sorted(int(r) for r in g) for g in pp_ranks]
+    seen = [r for g in groups for r in g]
+    if len(seen) != len(set(seen)) or any(not 0 <= r < world_size for r in seen):
+        raise ValueError(f"check parameters: pp_ranks {pp_ranks} must be disjoint lists of ranks < {world_size}")
+    if len({len(g) for g in groups}) != 1:
+        raise ValueError(f"check parameters: every pipeline group in {pp_ranks} must have the same size")
+    return groups
+
+
+def _join(rank: int, layout):
+    """Create every pipeline group (all ranks, same order, as torch requires); return this rank's or None."""
+    if layout == [list(range(dist.get_world_size()))]:
+        return dist.group.WORLD
+    mine = None
+    for ranks in layout:
+        group = dist.new_group(ranks)
+        if rank in ranks:
+            mine = group
+    return mine
+
+
+class _Sleep(torch.autograd.Function):
+    """Identity that sleeps `forward_s` in forward and `backward_s` in backward (a stage with a known cost)."""
+
+    @staticmethod
+    def forward(ctx, x, forward_s, backward_s):
+        ctx.backward_s = backward_s
+        if forward_s:
+            time.sleep(forward_s)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.backward_s:
+            time.sleep(ctx.backward_s)
+        return grad, None, None
+
+
+class TaggedStage(nn.Module):
+    """One virtual stage: `y = x + mask * tanh(x W^T + b)`; column 0 (the micro-batch's tag) passes unchanged.
+
+    With `forward_s` / `backward_s` it also sleeps that long in forward and in
+    backward, so that a timeline drawn on a shared CPU shows the schedule, not
+    the machine's load.
+    """
+
+    def __init__(self, weight, bias, *, forward_s: float = 0.0, backward_s: float = 0.0):
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach().clone())
+        self.bias = nn.Parameter(bias.detach().clone())
+        mask = torch.ones(weight.shape[0], dtype=weight.dtype, device=weight.device)
+        mask[0] = 0
+        self.register_buffer("mask", mask)
+        self.forward_s, self.backward_s = forward_s, backward_s
+
+    def forward(self, x):
+        z = F.linear(x, self.weight, self.bias)
+        if self.forward_s or self.backward_s:
+            z = _Sleep.apply(z, self.forward_s, self.backward_s)
+        return x + self.mask * torch.tanh(z)  # [b, h] -> [b, h]
+
+
+class _BackwardStarts(torch.autograd.Function):
+    """Identity on a stage's output whose backward notes that this micro-batch's backward has begun."""
+
+    @staticmethod
+    def forward(ctx, y, probe, mb):
+        ctx.probe, ctx.mb = probe, mb
+        return y.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.probe.log.events.append(["B", ctx.mb, ctx.probe.chunk, time.perf_counter(), None])
+        ctx.probe.log.open_backward[ctx.probe.chunk] = len(ctx.probe.log.events) - 1
+        return grad, None, None
+
+
+class _Log:
+    def __init__(self, num_microbatches: int, measure_memory: bool):
+        self.num_microbatches = num_microbatches
+        self.measure_memory = measure_memory
+        self.events: list[list] = []  # [kind, mb, chunk, start, end]
+        self.open_backward: dict[int, int] = {}
+        self.refs: list = []  # weak references to every stage output made so far
+        self.held: list[tuple] = []  # (mb, chunk, outputs alive right after this one was made)
+
+    def alive(self) -> int:
+        gc.collect()  # cheap after gc.freeze(); no verdict may depend on when the collector last ran
+        return sum(ref() is not None for ref in self.refs)
+
+
+class _Probe(nn.Module):
+    """Wraps a chunk: records its forwards and backwards while they run, and the outputs still alive."""
+
+    def __init__(self, inner: nn.Module, chunk: int, log: _Log):
+        super().__init__()
+        self.inner, self.chunk, self.log = inner, chunk, log
+        inner.weight.register_post_accumulate_grad_hook(self._backward_done)
+
+    def _backward_done(self, _param):
+        i = self.log.open_backward.pop(self.chunk, None)
+        if i is not None:
+            self.log.events[i][4] = time.perf_counter()
+
+    def _tag(self, x) -> int | None:
+        try:
+            value = float(x.detach().reshape(-1, x.shape[-1])[0, 0])
+        except Exception:  # noqa: BLE001 - not a [b, h] tensor: reported by the order check
+            return None
+        ok = value == int(value) and 0 <= value < self.log.num_microbatches if value == value else False
+        return int(value) if ok else None
+
+    def forward(self, x):
+        t0 = time.perf_counter()
+        mb = self._tag(x)
+        y = _BackwardStarts.apply(self.inner(x), self, mb)
+        self.log.events.append(["F", mb, self.chunk, t0, time.perf_counter()])
+        if self.log.measure_memory:
+            self.log.refs.append(weakref.ref(y))
+            self.log.held.append((mb, self.chunk, self.log.alive()))
+        return y
+
+
+# ---------------------------------------------------------------------------
+# The single-process reference and the case data
+# ---------------------------------------------------------------------------
+
+def _make_case(p, m, v, batch, hidden, dtype, seed) -> dict:
+    if hidden < 2:
+        raise ValueError("check parameters: hidden must be >= 2 (column 0 carries the micro-batch's tag)")
+    gen = torch.Generator().manual_seed(seed)
+    n = p * v
+    weights = [torch.randn(hidden, hidden, generator=gen, dtype=torch.float64) / hidden ** 0.5 for _ in range(n)]
+    biases = [0.5 * torch.randn(hidden, generator=gen, dtype=torch.float64) for _ in range(n)]
+    xs, ts = [], []
+    for mb in range(m):
+        x = torch.randn(batch, hidden, generator=gen, dtype=torch.float64)
+        t = torch.randn(batch, hidden, generator=gen, dtype=torch.float64)
+        x[:, 0] = mb
+        t[:, 0] = mb
+        xs.append(x.to(dtype))
+        ts.append(t.to(dtype))
+    # Single-process: the same stages in order, the mean of the micro-batch losses, one backward, float64.
+    stages = [TaggedStage(w, b) for w, b in zip(weights, biases)]
+    total = 0.0
+    for x, t in zip(xs, ts):
+        z = x.double()
+        for stage in stages:
+            z = stage(z)
+        loss = F.mse_loss(z, t.double()) / m
+        loss.backward()
+        total += loss.item()
+    grads = [(s.weight.grad.to(dtype), s.bias.grad.to(dtype)) for s in stages]
+    return {"weights": [w.to(dtype) for w in weights], "biases": [b.to(dtype) for b in biases],
+            "microbatches": xs, "targets": ts, "loss": total, "grads": grads}
+
+
+def _portable(value):
+    """What a rank may send back of the student's return value."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    return f"<{type(value).__name__}: {value!r:.80}>"
+
+
+def _pipeline_rank(rank, world_size, run_pipeline, layout, schedules, case, num_chunks, measure_memory,
+                   sleeps, backend):
+    group = _join(rank, layout)
+    if group is None:
+        return None
+    dev = rank_device(rank, backend)
+    p, r = group.size(), group.rank()
+    log = _Log(len(case["microbatches"]), measure_memory)
+    probes = []
+    for c in range(num_chunks):
+        k = c * p + r
+        inner = TaggedStage(case["weights"][k].to(dev), case["biases"][k].to(dev),
+                            forward_s=sleeps[0] / num_chunks, backward_s=sleeps[1] / num_chunks)
+        probes.append(_Probe(inner, c, log))
+    stage_module = probes if num_chunks > 1 else probes[0]
+    microbatches = [x.to(dev) for x in case["microbatches"]]
+    targets = [t.to(dev) for t in case["targets"]]
+    schedule = list(schedules[r])
+    if measure_memory:
+        gc.freeze()  # what exists now is set aside: later collections only look at objects made by the step
+    with CommLedger() as ledger:
+        loss = run_pipeline(stage_module, schedule, microbatches, targets, F.mse_loss, pp_group=group)
+    held_after = log.alive() if measure_memory else None
+    if measure_memory:
+        gc.unfreeze()
+    grads = [(_grad(pr.inner.weight), _grad(pr.inner.bias)) for pr in probes]
+    return {"group_rank": r, "loss": _portable(loss), "grads": grads, "events": log.events, "held": log.held,
+            "held_after": held_after, "records": ledger.records}
+
+
+def _grad(param):
+    return param.grad.detach().cpu() if param.grad is not None else None
+
+
+def _run(run_pipeline, schedule_fn, *, num_stages, num_microbatches, num_chunks, world_size, pp_ranks, batch,
+         hidden, dtype, seed, measure_memory, sleeps, backend, timeout):
+    p, m, v = num_stages, num_microbatches, num_chunks
+    world_size = world_size or p
+    layout = _layout(world_size, pp_ranks)
+    if len(layout[0]) != p:
+        raise ValueError(f"check parameters: pipeline groups {layout} do not have num_stages = {p} ranks")
+    name = getattr(schedule_fn, "__name__", "schedule")
+    try:
+        schedules = _schedule_lists(schedule_fn, p, m, v, name)
+    except NotImplementedError:
+        raise CheckFailure(f"run_pipeline is run here with your {name} (an earlier exercise), which is still the "
+                           f"stub: implement {name} first.") from None
+    for s, acts in enumerate(schedules):  # a schedule the executor cannot run says so here, not as a hang
+        args = (p, s, m) if v == 1 else (p, s, m, v)
+        _normalize(acts, what=f"{name}{args}", num_chunks=v)
+    case = _make_case(p, m, v, batch, hidden, dtype, seed)
+    try:
+        results = run_distributed(_pipeline_rank, world_size, timeout=timeout, backend=backend,
+                                  check_collectives=False, args=(run_pipeline, layout, schedules, case, v, measure_memory, sleeps, backend))
+    except DistributedError as exc:
+        if any(f.kind == "timeout" for f in exc.failures):
+            raise DistributedError(f"{exc.summary}\n{_DEADLOCK_HINT}", exc.failures) from None
+        raise
+    return layout, schedules, case, results
+
+
+def _ctx(name, p, m, v, layout, world_size, dtype) -> str:
+    where = f"pipeline group {layout[0]} of a world of {world_size}" if layout[0] != list(range(world_size)) \
+        else f"world of {world_size}"
+    chunks = f", {v} chunks per rank" if v > 1 else ""
+    return f"run_pipeline with {name}, p = {p}, m = {m}{chunks}, {where}, {dtype_name(dtype)}"
+
+
+def _members(layout, results):
+    """(global rank, result) of the first pipeline group's ranks, in group-rank order."""
+    return [(g, results[g]) for g in layout[0]]
+
+
+# ---------------------------------------------------------------------------
+# run_pipeline: numbers, executed order, communication
+# ---------------------------------------------------------------------------
+
+def _executed(events) -> list[tuple]:
+    return [(e[0], e[1], e[2]) for e in events]
+
+
+def _check_executed_order(res, schedule, *, v, rank, ctx) -> None:
+    expected = [(a[0], a[1], a[2] if len(a) == 3 else 0) for a in schedule]
+    got = _executed(res["events"])
+    fmt = (lambda t: f"{t[0]}{'?' if t[1] is None else t[1]}") if v == 1 else \
+        (lambda t: f"{t[0]}{'?' if t[1] is None else t[1]}c{t[2]}")
+    if got == expected:
+        return
+    i = next((k for k, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+    what_got = fmt(got[i]) if i < len(got) else "nothing more"
+    what_exp = fmt(expected[i]) if i < len(expected) else "nothing more"
+    extra = ""
+    if i < len(got) and got[i][1] is None:
+        extra = (" ('?': the stage got data that is no micro-batch's: a receive from the wrong peer, or a "
+                 "message received out of order)")
+    raise CheckFailure(
+        f"rank {rank} (group rank {res['group_rank']}, {ctx}): the stage ran {what_got} as its action #{i}, "
+        f"but its schedule says {what_exp}{extra}. Executed (recorded while it ran):\n"
+        f"    {' '.join(fmt(t) for t in got)}\n  schedule given to run_pipeline:\n"
+        f"    {' '.join(fmt(t) for t in expected)}")
+
+
+def _p2p_counts(records) -> dict:
+    """(op, peer, shape, dtype) -> count, for send and recv; everything else listed apart."""
+    counts, other = {}, []
+    for r in records:
+        if r.op == "wait":
+            continue
+        if r.op in ("send", "recv"):
+            key = (r.op, r.peer, tuple(r.shape), r.dtype)
+            counts[key] = counts.get(key, 0) + 1
+        else:
+            other.append(r)
+    return counts, other
+
+
+def _expected_p2p(p, r, m, v, shape, dtype) -> dict:
+    """What group rank r sends and receives in one step, by (op, peer)."""
+    if p == 1:
+        return {}
+    nxt, prv = (r + 1) % p, (r - 1) % p
+    first_rank_chunks = m * (v - 1) if r == 0 else m * v  # virtual stage 0 receives no activation
+    last_rank_chunks = m * (v - 1) if r == p - 1 else m * v  # the last virtual stage sends no activation
+    exp = {}
+
+    def add(op, peer, n):
+        if n:
+            key = (op, peer, tuple(shape), dtype_name(dtype))
+            exp[key] = exp.get(key, 0) + n
+
+    add("send", nxt, last_rank_chunks)   # activations forward
+    add("recv", prv, first_rank_chunks)  # activations in
+    add("send", prv, first_rank_chunks)  # gradients of my inputs, backward
+    add("recv", nxt, last_rank_chunks)   # gradients of my outputs
+    return exp
+
+
+def _describe_p2p(key, n) -> str:
+    op, peer, shape, dt = key
+    direction = "to" if op == "send" else "from"
+    return f"{n} {op} {direction} group rank {peer} of {fmt_shape(shape)} {dt}"
+
+
+def _check_p2p(res, *, p, m, v, shape, dtype, rank, ctx) -> None:
+    r = res["group_rank"]
+    got, other = _p2p_counts(res["records"])
+    trace = f"Communication of rank {rank}:\n{format_trace(res['records'], rank)}"
+    if other:
+        raise CheckFailure(f"rank {rank} ({ctx}): a pipeline communicates only by P2P sends and receives; "
+                           f"saw {other[0].op} ({len(other)} collective op(s)). {trace}")
+    exp = _expected_p2p(p, r, m, v, shape, dtype)
+    if got == exp:
+        return
+    if p == 1:
+        raise CheckFailure(f"rank {rank} ({ctx}): one stage (p = 1) has no neighbour to talk to: expected no "
+                           f"communication (a send to itself crashes gloo; pass tensors between its own "
+                           f"chunks directly). {trace}")
+    missing = [_describe_p2p(k, n - got.get(k, 0)) for k, n in exp.items() if got.get(k, 0) < n]
+    extra = [_describe_p2p(k, n - exp.get(k, 0)) for k, n in got.items() if n > exp.get(k, 0)]
+    parts = []
+    if missing:
+        parts.append("missing " + "; ".join(missing))
+    if extra:
+        parts.append("unexpected " + "; ".join(extra))
+    nxt, prv = (r + 1) % p, (r - 1) % p
+    raise CheckFailure(
+        f"rank {rank} (group rank {r} of {p}, {ctx}): {', '.join(parts)}. Expected per step: "
+        f"{'; '.join(_describe_p2p(k, n) for k, n in exp.items())} (next = group rank {nxt}, previous = "
+        f"group rank {prv}; activations go to the next rank, gradients to the previous). {trace}")
+
+
+def _check_symmetry(members, *, p, ctx) -> None:
+    """Every activation a rank sends forward comes back as a gradient of the same shape and dtype (P2P symmetry)."""
+    if p == 1:
+        return
+    sent = {}
+    for g, res in members:
+        for rec in res["records"]:
+            if rec.op == "send":
+                sent.setdefault((res["group_rank"], rec.peer), []).append((tuple(rec.shape), rec.dtype))
+    for g, res in members:
+        r = res["group_rank"]
+        nxt = (r + 1) % p
+        if p == 2:
+            continue  # next and previous are the same rank: the per-rank counts already pin both directions
+        fwd = sorted(sent.get((r, nxt), []))
+        bwd = sorted(sent.get((nxt, r), []))
+        if fwd != bwd:
+            raise CheckFailure(
+                f"{ctx}: group rank {r} sent {len(fwd)} tensor(s) forward to group rank {nxt}, which sent "
+                f"{len(bwd)} gradient(s) back; each activation sent forward must come back as one gradient "
+                f"of the same shape and dtype (forward: send_forward, backward: send_backward).")
+
+
+def check_run_pipeline(run_pipeline, schedule_fn, *, num_stages: int = 2, num_microbatches: int = 3,
+                       num_chunks: int = 1, world_size: int | None = None, pp_ranks=None, batch: int = 2,
+                       hidden: int = 5, dtype=torch.float64, seed: int = 0, backend: str = "gloo",
+                       timeout: float = _TIMEOUT) -> None:
+    """run_pipeline(stage or chunks, schedule, microbatches, targets, F.mse_loss, pp_group=...) on every rank.
+
+    The schedule of each rank is `schedule_fn(p, rank, m)` (or `(p, rank, m, v)`
+    with `num_chunks` = v > 1, chunks passed as a list). Checked, per rank of
+    the pipeline group: the loss (the mean of the micro-batch losses, a Python
+    float) on group rank p - 1 and None elsewhere; the gradient of every
+    parameter of every chunk against single-process training on the same
+    micro-batches (float64 reference); the order in which the stages actually
+    ran their forwards and backwards (recorded while they ran) equals the
+    schedule they were given; and the communication: only sends and receives
+    of `[b, h]` in the tensor's dtype, activations to the next group rank and
+    gradients to the previous one, one of each per micro-batch, chunk and
+    boundary (peers are ranks of the pipeline group), each activation sent
+    forward mirrored by one gradient sent back.
+    """
+    p, m, v = num_stages, num_microbatches, num_chunks
+    world = world_size or p
+    layout, schedules, case, results = _run(
+        run_pipeline, schedule_fn, num_stages=p, num_microbatches=m, num_chunks=v, world_size=world,
+        pp_ranks=pp_ranks, batch=batch, hidden=hidden, dtype=dtype, seed=seed, measure_memory=False,
+        sleeps=(0.0, 0.0), backend=backend, timeout=timeout)
+    name = getattr(schedule_fn, "__name__", "schedule")
+    ctx = _ctx(name, p, m, v, layout, world, dtype)
+    members = _members(layout, results)
+    findings = Findings()
+    for g, res in members:
+        r = res["group_rank"]
+        with findings.communication():
+            _check_executed_order(res, schedules[r], v=v, rank=g, ctx=ctx)
+        with findings.communication():
+            _check_p2p(res, p=p, m=m, v=v, shape=(batch, hidden), dtype=dtype, rank=g, ctx=ctx)
+    with findings.communication():
+        _check_symmetry(members, p=p, ctx=ctx)
+    for g, res in members:
+        r = res["group_rank"]
+        with findings.numbers():
+            loss = res["loss"]
+            if r == p - 1:
+                if not isinstance(loss, float):
+                    raise CheckFailure(f"rank {g} (group rank {r}, the last stage; {ctx}): run_pipeline returned "
+                                       f"{loss!r}; expected the mean loss as a Python float (e.g. loss.item())")
+                if abs(loss - case["loss"]) > 1e-7 * max(1.0, abs(case["loss"])) + (1e-5 if dtype != torch.float64 else 0):
+                    raise CheckFailure(
+                        f"rank {g} (group rank {r}, the last stage; {ctx}): loss {loss:.10g}, expected "
+                        f"{case['loss']:.10g}, the mean of the {m} micro-batch losses (ratio "
+                        f"{loss / case['loss'] if case['loss'] else float('nan'):.4g}; {m} would mean summed "
+                        f"instead of averaged)")
+            elif loss is not None:
+                raise CheckFailure(f"rank {g} (group rank {r}; {ctx}): run_pipeline returned {loss!r}; only the "
+                                   f"last stage (group rank {p - 1}) returns the loss, the others None")
+        for c in range(v):
+            k = c * p + r
+            exp_w, exp_b = case["grads"][k]
+            got_w, got_b = res["grads"][c]
+            where = f"{ctx}: stage {k}" + (f" (chunk {c} of group rank {r})" if v > 1 else "")
+            with findings.numbers():
+                assert_close(got_w, exp_w, name=f"{where}: weight gradient", rank=g)
+                assert_close(got_b, exp_b, name=f"{where}: bias gradient", rank=g)
+    findings.raise_if_any()
+
+
+def check_pipeline_memory(run_pipeline, schedule_fn, *, num_stages: int = 3, num_microbatches: int = 5,
+                          num_chunks: int = 1, world_size: int | None = None, pp_ranks=None, batch: int = 2,
+                          hidden: int = 4, seed: int = 0, timeout: float = _TIMEOUT) -> None:
+    """The stage outputs run_pipeline keeps alive: exactly what its schedule needs, and none after it returns.
+
+    Every time a stage module returns an output, the probe counts the outputs
+    of this rank that are still alive (weak references to the tensors the
+    stage returned, after `gc.collect()`). The count must equal the schedule's
+    own need at that moment (forwards so far minus backwards so far; at most
+    min(p - s, m) for 1F1B, m for GPipe), and be 0 once run_pipeline has
+    returned. An output is alive while anything references it: the dict entry
+    that backward uses (needed), but also a send handle that was not dropped,
+    a list never emptied, or a local variable still naming the last output.
+    Why the count is deterministic: each rank freezes the objects that exist
+    before the step (`gc.freeze()`), and `gc.collect()` runs before every
+    count, so cyclic garbage is always gone when counting and only what is
+    reachable is counted, whatever the collector did before.
+    """
+    p, m, v = num_stages, num_microbatches, num_chunks
+    world = world_size or p
+    layout, schedules, case, results = _run(
+        run_pipeline, schedule_fn, num_stages=p, num_microbatches=m, num_chunks=v, world_size=world,
+        pp_ranks=pp_ranks, batch=batch, hidden=hidden, dtype=torch.float64, seed=seed, measure_memory=True,
+        sleeps=(0.0, 0.0), backend="gloo", timeout=timeout)
+    name = getattr(schedule_fn, "__name__", "schedule")
+    ctx = _ctx(name, p, m, v, layout, world, torch.float64)
+    for g, res in _members(layout, results):
+        r = res["group_rank"]
+        schedule = schedules[r]
+        live, need = 0, []
+        for a in schedule:  # the schedule's own need right after each forward
+            live += 1 if a[0] == "F" else -1
+            if a[0] == "F":
+                need.append(live)
+        got = [h[2] for h in res["held"]]
+        peak_need = in_flight_peak(schedule)
+        for i, (want, have) in enumerate(zip(need, got)):
+            if have != want:
+                mb, c = res["held"][i][0], res["held"][i][1]
+                label = f"F{mb}" + (f"c{c}" if v > 1 else "")
+                raise CheckFailure(
+                    f"rank {g} (group rank {r} of {p}; {ctx}): right after its forward #{i} ({label}) {have} stage "
+                    f"outputs were alive, but its schedule needs {want} at that point (forwarded, not yet "
+                    f"backwarded; at most {peak_need} for this stage). "
+                    + ("Something keeps outputs alive after their backward: an entry never removed from a dict, "
+                       "a send handle kept (it keeps its tensor and graph alive), or a local variable still naming "
+                       "an earlier output. " if have > want else
+                       "An output the schedule still needs for its backward was dropped or never kept. ")
+                    + f"Alive after each forward: {got}; needed: {need}.\n  schedule: {format_actions(schedule)}")
+        if len(got) != len(need):
+            raise CheckFailure(f"rank {g} ({ctx}): the stage ran {len(got)} forwards; its schedule has {len(need)}")
+        if res["held_after"]:
+            raise CheckFailure(f"rank {g} (group rank {r}; {ctx}): {res['held_after']} stage output(s) still alive "
+                               f"after run_pipeline returned: drop every output, input and send handle when the "
+                               f"step ends (wait the handles first)")
+
+
+# ---------------------------------------------------------------------------
+# The error contract of run_pipeline
+# ---------------------------------------------------------------------------
+
+def _error_rank(rank, world_size, run_pipeline, cases, backend):
+    dev = rank_device(rank, backend)
+    group = dist.group.WORLD
+    out = []
+    for label, kind, _ in cases:
+        gen = torch.Generator().manual_seed(0)
+        mods = [TaggedStage(torch.randn(3, 3, generator=gen, dtype=torch.float64),
+                            torch.zeros(3, dtype=torch.float64)).to(dev) for _ in range(2)]
+        xs = [torch.zeros(2, 3, dtype=torch.float64, device=dev) for _ in range(3)]
+        ts = [torch.zeros(2, 3, dtype=torch.float64, device=dev) for _ in range(3)]
+        stage, schedule, pg = mods[0], [("F", i) for i in range(3)] + [("B", i) for i in range(3)], group
+        if kind == "targets":
+            ts = ts[:2]
+        elif kind == "group":
+            pg = None
+        elif kind == "action":
+            schedule = schedule[:3] + [("X", 0)] + schedule[4:]
+        elif kind == "range":
+            schedule = schedule + [("F", 3), ("B", 3)]
+        elif kind == "order":
+            schedule = [("B", 0)] + [a for a in schedule if a != ("B", 0)]
+        elif kind == "chunks":
+            stage = mods
+        err = None
+        with CommLedger() as ledger:
+            try:
+                run_pipeline(stage, schedule, xs, ts, F.mse_loss, pp_group=pg)
+            except NotImplementedError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the verdict is made in the parent
+                err = (type(exc).__name__, str(exc))
+        out.append({"error": err, "records": ledger.records})
+    return out
+
+
+def check_run_pipeline_errors(run_pipeline, *, world_size: int = 2, backend: str = "gloo",
+                              timeout: float = _TIMEOUT) -> None:
+    """Invalid arguments raise ValueError on every rank before any communication, naming the sizes.
+
+    Cases: 3 micro-batches with 2 targets; a pp_group that is not a
+    ProcessGroup; an action that is not ('F' or 'B', microbatch); a
+    micro-batch index past the end (3 of 3); a backward before its forward;
+    two chunks with actions that name no chunk.
+    """
+    cases = [("3 micro-batches, 2 targets", "targets", ("3", "2")),
+             ("pp_group=None", "group", ()),
+             ("an action ('X', 0)", "action", ()),
+             ("actions for micro-batch 3 of 3", "range", ("3",)),
+             ("('B', 0) before ('F', 0)", "order", ()),
+             ("two chunks, actions without a chunk index", "chunks", ("2",))]
+    results = run_distributed(_error_rank, world_size, args=(run_pipeline, cases, backend), timeout=timeout,
+                              backend=backend, check_collectives=False)
+    for i, (label, _, must) in enumerate(cases):
+        for rank in range(world_size):
+            res = results[rank][i]
+            if res["error"] is None:
+                raise CheckFailure(f"rank {rank}: run_pipeline with {label}: expected ValueError, nothing was raised.")
+            kind, msg = res["error"]
+            if kind != "ValueError":
+                raise CheckFailure(f"rank {rank}: run_pipeline with {label}: expected ValueError, got {kind}: {msg}")
+            comm = [r for r in res["records"] if r.op != "wait"]
+            if comm:
+                raise CheckFailure(f"rank {rank}: run_pipeline with {label}: ValueError raised only after "
+                                   f"communicating; validate before any send or receive:\n{format_trace(comm, rank)}")
+            absent = [s for s in must if s not in msg]
+            if absent:
+                raise CheckFailure(f"rank {rank}: run_pipeline with {label}: the ValueError should name the sizes "
+                                   f"({', '.join(must)}); its message was: {msg!r}")
+
+
+# ---------------------------------------------------------------------------
+# The P2P helpers
+# ---------------------------------------------------------------------------
+
+def _p2p_rank(rank, world_size, fns, layout, payload, shape, dtype, noncontiguous, backend):
+    group = _join(rank, layout)
+    if group is None:
+        return None
+    dev = rank_device(rank, backend)
+    send_forward, recv_forward, send_backward, recv_backward = fns
+    r = group.rank()
+
+    def outgoing(t):
+        t = t.to(dev)
+        return t.t().contiguous().t() if noncontiguous else t  # a transposed view of [w, b] storage
+
+    act, grad = outgoing(payload["act"][r]), outgoing(payload["grad"][r])
+    act_before, grad_before = act.clone(), grad.clone()
+    with CommLedger() as ledger:
+        h1 = send_forward(act, pp_group=group)
+        got_act = recv_forward(shape, dtype, pp_group=group, device=dev)
+        waited1 = hasattr(h1, "wait")
+        if waited1:
+            h1.wait()
+        h2 = send_backward(grad, pp_group=group)
+        got_grad = recv_backward(shape, dtype, pp_group=group, device=dev)
+        waited2 = hasattr(h2, "wait")
+        if waited2:
+            h2.wait()
+    return {"group_rank": r, "act": _portable(got_act), "grad": _portable(got_grad),
+            "handles": (type(h1).__name__, waited1, type(h2).__name__, waited2),
+            "modified": not (torch.equal(act, act_before) and torch.equal(grad, grad_before)),
+            "records": ledger.records}
+
+
+def check_p2p_helpers(send_forward, recv_forward, send_backward, recv_backward, *, world_size: int = 2,
+                      pp_ranks=None, shape=(3, 4), dtype=torch.float64, noncontiguous: bool = False, seed: int = 0,
+                      backend: str = "gloo", timeout: float = _TIMEOUT) -> None:
+    """Each rank of the pipeline group sends forward, receives from the previous rank, sends backward, receives
+    from the next (wrapping around), in that order.
+
+    Checked: send_forward / send_backward return a handle with .wait() (a
+    non-blocking send: if they blocked, every rank would wait in its send and
+    the run would deadlock); recv_forward returns exactly the previous group
+    rank's tensor and recv_backward the next group rank's, with the requested
+    shape and dtype; the sent tensors are unchanged; the ledger shows one send
+    to the next and one receive from the previous group rank, then one send to
+    the previous and one receive from the next (peers are ranks of pp_group,
+    not global ranks). With noncontiguous=True the tensors sent are
+    transposed views.
+    """
+    layout = _layout(world_size, pp_ranks)
+    p = len(layout[0])
+    if p < 2:
+        raise ValueError("check parameters: the P2P helpers need a pipeline group of at least 2 ranks")
+    gen = torch.Generator().manual_seed(seed)
+    payload = {"act": [(100 * (i + 1) + torch.randn(*shape, generator=gen, dtype=torch.float64)).to(dtype)
+                       for i in range(p)],
+               "grad": [(-100 * (i + 1) + torch.randn(*shape, generator=gen, dtype=torch.float64)).to(dtype)
+                        for i in range(p)]}
+    fns = (send_forward, recv_forward, send_backward, recv_backward)
+    try:
+        results = run_distributed(_p2p_rank, world_size, timeout=timeout, backend=backend,
+                                  check_collectives=False, args=(fns, layout, payload, tuple(shape), dtype, noncontiguous, backend))
+    except DistributedError as exc:
+        if any(f.kind == "timeout" for f in exc.failures):
+            raise DistributedError(f"{exc.summary}\n{_DEADLOCK_HINT}", exc.failures) from None
+        raise
+    where = (f"pipeline group {layout[0]} of a world of {world_size}" if layout[0] != list(range(world_size))
+             else f"world of {world_size}")
+    ctx = f"P2P helpers, {where}, {fmt_shape(shape)} {dtype_name(dtype)}"
+    findings = Findings()
+
+    def whose(t, kind):
+        for i, cand in enumerate(payload[kind]):
+            if isinstance(t, torch.Tensor) and t.shape == cand.shape and torch.equal(t.to(cand.dtype), cand):
+                return i
+        return None
+
+    for g in layout[0]:
+        res = results[g]
+        r = res["group_rank"]
+        nxt, prv = (r + 1) % p, (r - 1) % p
+        with findings.communication():
+            name1, ok1, name2, ok2 = res["handles"]
+            if not (ok1 and ok2):
+                which = "send_forward" if not ok1 else "send_backward"
+                got = name1 if not ok1 else name2
+                raise CheckFailure(f"rank {g} ({ctx}): {which} returned {got}; expected the handle of a posted "
+                                   f"send (what dist.isend returns), so the caller can wait it later")
+            if res["modified"]:
+                raise CheckFailure(f"rank {g} ({ctx}): a send modified the tensor it was given")
+            expected = [("send", nxt), ("recv", prv), ("send", prv), ("recv", nxt)]
+            comm = [(x.op, x.peer) for x in res["records"] if x.op != "wait"]
+            shapes = {(tuple(x.shape), x.dtype) for x in res["records"] if x.op != "wait"}
+            if comm != expected or shapes != {(tuple(shape), dtype_name(dtype))}:
+                raise CheckFailure(
+                    f"rank {g} (group rank {r} of {p}; {ctx}): expected, in order, a send to group rank {nxt}, a "
+                    f"receive from {prv}, a send to {prv}, a receive from {nxt}, each of {fmt_shape(shape)} "
+                    f"{dtype_name(dtype)} (peers are ranks of pp_group: pp_group.rank(), not the global rank). "
+                    f"Communication of rank {g}:\n{format_trace(res['records'], g)}")
+        for kind, fn_name, want, tensor in (("act", "recv_forward", prv, res["act"]),
+                                             ("grad", "recv_backward", nxt, res["grad"])):
+            with findings.numbers():
+                if not isinstance(tensor, torch.Tensor):
+                    raise CheckFailure(f"rank {g} ({ctx}): {fn_name} returned {tensor!r}; expected a tensor")
+                if tuple(tensor.shape) != tuple(shape) or tensor.dtype != dtype:
+                    raise CheckFailure(f"rank {g} ({ctx}): {fn_name} returned {fmt_shape(tensor.shape)} "
+                                       f"{dtype_name(tensor.dtype)}; expected {fmt_shape(shape)} {dtype_name(dtype)}")
+                src = whose(tensor, kind)
+                if src != want:
+                    other = "act" if kind == "grad" else "grad"
+                    src_other = whose(tensor, other)
+                    what = (f"group rank {src}'s" if src is not None else
+                            f"group rank {src_other}'s {'activation' if other == 'act' else 'gradient'}"
+                            if src_other is not None else "data that no rank sent")
+                    raise CheckFailure(f"rank {g} (group rank {r} of {p}; {ctx}): {fn_name} returned {what}; "
+                                       f"expected group rank {want}'s "
+                                       f"{'activation (the previous stage)' if kind == 'act' else 'gradient (the next stage)'}")
+    findings.raise_if_any()
+
+
+# ---------------------------------------------------------------------------
+# The picture: every rank's executed schedule, recorded while it ran
+# ---------------------------------------------------------------------------
+
+def record_timeline(run_pipeline, schedule_fn, *, num_stages: int = 4, num_microbatches: int = 8,
+                    num_chunks: int = 1, forward_ms: float = 12.0, backward_ms: float = 24.0, seed: int = 0,
+                    timeout: float = 30.0) -> dict:
+    """Run run_pipeline on stages that sleep `forward_ms` / `backward_ms` (split over the chunks); return
+    {"events": per group rank [(kind, mb, chunk, start_s, end_s)], "held": per rank peak outputs alive}.
+
+    Times are seconds since the first forward began; they come from the probe
+    around each chunk while the pipeline ran, not from the schedule lists.
+    """
+    p, m, v = num_stages, num_microbatches, num_chunks
+    layout, schedules, case, results = _run(
+        run_pipeline, schedule_fn, num_stages=p, num_microbatches=m, num_chunks=v, world_size=p, pp_ranks=None,
+        batch=2, hidden=4, dtype=torch.float64, seed=seed, measure_memory=True,
+        sleeps=(forward_ms / 1000.0, backward_ms / 1000.0), backend="gloo", timeout=timeout)
+    t0 = min(e[3] for res in results for e in res["events"])
+    events, held = [], []
+    for res in results:
+        evs = [(e[0], e[1], e[2], e[3] - t0, (e[4] if e[4] is not None else e[3]) - t0) for e in res["events"]]
+        events.append(evs)
+        held.append(max((h[2] for h in res["held"]), default=0))
+    return {"events": events, "held": held, "schedules": schedules}
+
+
+def measured_idle_fraction(events) -> float:
+    """1 - busy / (ranks x span), the span from the first start to the last end over all ranks."""
+    starts = [e[3] for evs in events for e in evs]
+    ends = [e[4] for evs in events for e in evs]
+    if not starts:
+        return 0.0
+    span = max(ends) - min(starts)
+    busy = sum(e[4] - e[3] for evs in events for e in evs)
+    return 1.0 - busy / (len(events) * span) if span > 0 else 0.0
+
+
+_F_COLORS = ("#4C72B0", "#8FB3E0", "#2A4A7A")
+_B_COLORS = ("#DD8452", "#F2B48C", "#A0522D")
+
+
+def plot_pipeline_timelines(run_pipeline, runs, *, bubble_fraction=None, forward_ms: float = 12.0,
+                            backward_ms: float = 24.0):
+    """One panel per run: every rank's forwards and backwards as recorded, idle time shaded.
+
+    `runs`: (title, schedule_fn, num_stages, num_microbatches, num_chunks).
+    Each panel's title gives the measured idle fraction beside the formula
+    (p - 1) / (v m + p - 1), from `bubble_fraction` when given (yours), and
+    each row the most stage outputs its rank held at once. Returns a Picture.
+    """
+    from autograder.plots import new_figure, picture
+
+    fig, axes = new_figure(figsize=(11, 2.3 * len(runs)), nrows=len(runs))
+    axes = [axes] if len(runs) == 1 else list(axes)
+    for ax, (title, fn, p, m, v) in zip(axes, runs):
+        rec = record_timeline(run_pipeline, fn, num_stages=p, num_microbatches=m, num_chunks=v,
+                              forward_ms=forward_ms, backward_ms=backward_ms)
+        events = rec["events"]
+        span = max(e[4] for evs in events for e in evs)
+        for r, evs in enumerate(events):
+            y = p - 1 - r
+            ax.barh(y, span, left=0, height=0.8, color="#E6E6E6", hatch="///", edgecolor="#BBBBBB", linewidth=0)
+            for kind, mb, c, start, end in evs:
+                color = (_F_COLORS if kind == "F" else _B_COLORS)[c % 3]
+                ax.barh(y, end - start, left=start, height=0.8, color=color, edgecolor="black", linewidth=0.4)
+                if end - start > span / 60:
+                    ax.text((start + end) / 2, y, f"{kind}{'?' if mb is None else mb}", ha="center",
+                            va="center", fontsize=6, color="white" if c % 3 != 1 else "black")
+        ax.set_yticks(range(p))
+        ax.set_yticklabels([f"rank {p - 1 - i} (held ≤ {rec['held'][p - 1 - i]})" for i in range(p)], fontsize=8)
+        ax.set_xlim(0, span)
+        ax.set_xlabel("seconds since the first forward", fontsize=8)
+        measured = measured_idle_fraction(events)
+        formula = pp_bubble_fraction(p, m, v)
+        source = "formula"
+        if bubble_fraction is not None:
+            try:
+                formula = float(bubble_fraction(p, m) if v == 1 else bubble_fraction(p, m, num_chunks=v))
+                source = "your bubble_fraction"
+            except Exception:  # noqa: BLE001 - a stub or a bug: fall back to the course's formula
+                source = "formula (bubble_fraction failed)"
+        chunks = f", v = {v}" if v > 1 else ""
+        ax.set_title(f"{title}: p = {p}, m = {m}{chunks}. Idle (hatched): measured {measured:.1%}, "
+                     f"{source} (p-1)/(vm+p-1) = {formula:.1%}", fontsize=9)
+    return picture(fig)
