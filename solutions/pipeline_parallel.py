@@ -92,8 +92,8 @@ def send_forward(tensor, *, pp_group):
     completes only once the peer has posted the matching receive, so the
     caller keeps the handle and waits it later.
     """
-    _group_size_rank(pp_group, "send_forward")
     ### BEGIN SOLUTION
+    _group_size_rank(pp_group, "send_forward")
     next_rank, _ = _next_and_prev(pp_group)
     return dist.isend(tensor.contiguous(), group=pp_group, group_dst=next_rank)  # [b, h] -> next stage
     ### END SOLUTION
@@ -107,9 +107,9 @@ def recv_forward(shape, dtype, *, pp_group, device=None):
     or silently receives garbage). `device`: where the tensor lives (the CPU
     by default; a CUDA device under NCCL).
     """
+    ### BEGIN SOLUTION
     _group_size_rank(pp_group, "recv_forward")
     dims = _check_recv_args(shape, dtype, "recv_forward")
-    ### BEGIN SOLUTION
     _, prev_rank = _next_and_prev(pp_group)
     buffer = torch.empty(dims, dtype=dtype, device=device)
     dist.recv(buffer, group=pp_group, group_src=prev_rank)  # [b, h] <- previous stage
@@ -123,8 +123,8 @@ def send_backward(tensor, *, pp_group):
     Megatron-LM `P2PCommunicator.send_backward`: the mirror of `send_forward`,
     same shape and dtype, opposite direction.
     """
-    _group_size_rank(pp_group, "send_backward")
     ### BEGIN SOLUTION
+    _group_size_rank(pp_group, "send_backward")
     _, prev_rank = _next_and_prev(pp_group)
     return dist.isend(tensor.contiguous(), group=pp_group, group_dst=prev_rank)  # [b, h] -> previous stage
     ### END SOLUTION
@@ -135,9 +135,9 @@ def recv_backward(shape, dtype, *, pp_group, device=None):
 
     Megatron-LM `P2PCommunicator.recv_backward`.
     """
+    ### BEGIN SOLUTION
     _group_size_rank(pp_group, "recv_backward")
     dims = _check_recv_args(shape, dtype, "recv_backward")
-    ### BEGIN SOLUTION
     next_rank, _ = _next_and_prev(pp_group)
     buffer = torch.empty(dims, dtype=dtype, device=device)
     dist.recv(buffer, group=pp_group, group_src=next_rank)  # [b, h] <- next stage

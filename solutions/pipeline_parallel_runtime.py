@@ -168,9 +168,9 @@ def run_pipeline(stage_module, schedule, microbatches, targets, loss_fn, *, pp_g
     gradients are those of the mean loss, as in single-process training with
     the same micro-batches (`forward_backward_no_pipelining`).
     """
+    ### BEGIN SOLUTION
     size, rank = _group_size_rank(pp_group, "run_pipeline")
     chunks, actions = _check_pipeline_args(stage_module, schedule, microbatches, targets)
-    ### BEGIN SOLUTION
     first = microbatches[0]
     state = {
         "size": size, "rank": rank, "group": pp_group, "chunks": chunks, "loss_fn": loss_fn,

@@ -55,8 +55,8 @@ def _check_positive_ints(what: str, **values) -> None:
 
 def gpipe_schedule(num_stages, stage, num_microbatches):
     """GPipe: every forward, then every backward, both in micro-batch order (FIFO)."""
-    _check_schedule_args(num_stages, stage, num_microbatches, "gpipe_schedule")
     ### BEGIN SOLUTION
+    _check_schedule_args(num_stages, stage, num_microbatches, "gpipe_schedule")
     forwards = [("F", mb) for mb in range(num_microbatches)]
     backwards = [("B", mb) for mb in range(num_microbatches)]  # FIFO: micro-batch 0 first
     return forwards + backwards
@@ -70,8 +70,8 @@ def one_f_one_b_schedule(num_stages, stage, num_microbatches):
     is `min(p - stage - 1, m)` forwards, so stage s never holds more than
     `min(p - s, m)` micro-batches' activations.
     """
-    _check_schedule_args(num_stages, stage, num_microbatches, "one_f_one_b_schedule")
     ### BEGIN SOLUTION
+    _check_schedule_args(num_stages, stage, num_microbatches, "one_f_one_b_schedule")
     num_warmup = min(num_stages - stage - 1, num_microbatches)
     actions = [("F", mb) for mb in range(num_warmup)]
     for i in range(num_microbatches - num_warmup):  # steady state: forward mb w + i, backward mb i
@@ -94,9 +94,9 @@ def bubble_fraction(num_stages, num_microbatches, num_chunks=1):
     with every stage equally fast. Not Narayanan's ratio (p - 1) / (v m), which
     divides by the busy time instead of the step time.
     """
+    ### BEGIN SOLUTION
     _check_positive_ints("bubble_fraction", num_stages=num_stages, num_microbatches=num_microbatches,
                          num_chunks=num_chunks)
-    ### BEGIN SOLUTION
     idle = num_stages - 1  # (p - 1) chunk-times of fill and drain
     busy = num_chunks * num_microbatches  # v m chunk-times of work
     return idle / (busy + idle)
@@ -118,6 +118,7 @@ def interleaved_1f1b_schedule(num_stages, stage, num_microbatches, num_chunks):
     (`get_pp_rank_microbatches`); then one forward / one backward; then the
     remaining backwards.
     """
+    ### BEGIN SOLUTION
     _check_schedule_args(num_stages, stage, num_microbatches, "interleaved_1f1b_schedule")
     if not isinstance(num_chunks, int) or isinstance(num_chunks, bool) or num_chunks < 2:
         raise ValueError(f"interleaved_1f1b_schedule: num_chunks must be an int >= 2 (one chunk is plain "
@@ -125,7 +126,6 @@ def interleaved_1f1b_schedule(num_stages, stage, num_microbatches, num_chunks):
     if num_microbatches % num_stages != 0:
         raise ValueError(f"interleaved_1f1b_schedule: num_microbatches ({num_microbatches}) must be a "
                          f"multiple of num_stages ({num_stages})")
-    ### BEGIN SOLUTION
     p, v, m = num_stages, num_chunks, num_microbatches
     total = m * v
     # (mb, chunk) in forward order: a group of p micro-batches through chunk 0, then chunk 1, ...

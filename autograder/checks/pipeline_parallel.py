@@ -58,12 +58,52 @@ __all__ = [
 
 _TIMEOUT = 5.0  # seconds: a deadlock is reported within this, with every rank's stack
 
-_DEADLOCK_HINT = (
-    "Hint: the ranks deadlocked. With gloo a send completes only once the peer has posted the matching "
-    "receive, so a send that blocks (dist.send, or isend(...).wait() right away) waits for a peer that is "
-    "itself blocked sending. Post sends (dist.isend) and return the handle, block only in receives, and wait "
-    "the handles later; also check that every send goes to the neighbour that receives it "
-    "(activations to the next rank, gradients to the previous one, as ranks of pp_group).")
+_HINTS = [  # (what a rank's failure says, what it usually means)
+    (("timeout",), (
+        "Hint: the ranks deadlocked. With gloo a send completes only once the peer has posted the matching "
+        "receive, so a send that blocks (dist.send, or isend(...).wait() straight away) waits for a peer that is "
+        "itself blocked sending. Post sends (dist.isend) and return the handle, block only in receives, and wait "
+        "each handle once, later (a second wait() on a gloo send never returns). Also check that every send goes "
+        "to the neighbour that receives it: activations to the next rank, gradients to the previous one, as "
+        "ranks of pp_group.")),
+    (("Received data size doesn't match", "op.preamble.length <= op.nbytes"), (
+        "Hint: a receive buffer's size differs from what the peer sent (gloo aborts the process): "
+        "recv_forward / recv_backward must allocate exactly the given shape and dtype, and the message must be "
+        "the one the receiver expects (a micro-batch is [b, h] in the micro-batches' dtype).")),
+    (("Pair is not connected",), (
+        "Hint: a rank sent to or received from itself (gloo has no connection to itself): the peer was computed "
+        "wrongly. Peers are ranks of pp_group (pp_group.rank(), pp_group.size()), not global ranks; and with one "
+        "stage there is nobody to talk to.")),
+    (("not a leaf Tensor", "does not require grad and does not have a grad_fn",
+      "grad can be implicitly created only for scalar outputs"), (
+        "Hint: a stage's input must be a leaf that requires grad, so that backward fills its .grad: a received "
+        "tensor needs .requires_grad_(); with p = 1 and several chunks, hand chunk c's output to chunk c + 1 as "
+        "output.detach().requires_grad_() (a send would have cut the graph there too).")),
+    (("is not part of group", "not part of the group", "Invalid rank", "invalid rank"), (
+        "Hint: a peer is not a rank of pp_group. Use group ranks (pp_group.rank(), (rank + 1) % pp_group.size()) "
+        "and pass them as group_dst= / group_src=; dst= / src= are global ranks.")),
+]
+
+
+def _explained(exc: DistributedError) -> DistributedError:
+    """The same error with a hint after its summary when a rank's failure matches a known cause."""
+    text = "\n".join(f"{f.kind} {f.detail} {f.output_tail}" for f in exc.failures)
+    for needles, hint in _HINTS:
+        if any(n == "timeout" and any(f.kind == "timeout" for f in exc.failures) or (n != "timeout" and n in text)
+               for n in needles):
+            return DistributedError(f"{exc.summary}\n{hint}", exc.failures)
+    return exc
+
+
+def _run_ranks(fn, world_size, *, args, timeout, backend):
+    """run_distributed for pipeline checks: no collective fingerprinting (see the module docstring), hints on failure."""
+    try:
+        return run_distributed(fn, world_size, args=args, timeout=timeout, backend=backend, check_collectives=False)
+    except DistributedError as exc:
+        new = _explained(exc)
+        if new is exc:
+            raise
+        raise new from None
 
 
 # ---------------------------------------------------------------------------
@@ -629,30 +669,40 @@ def _run(run_pipeline, schedule_fn, *, num_stages, num_microbatches, num_chunks,
     except NotImplementedError:
         raise CheckFailure(f"run_pipeline is run here with your {name} (an earlier exercise), which is still the "
                            f"stub: implement {name} first.") from None
-    for s, acts in enumerate(schedules):  # a schedule the executor cannot run says so here, not as a hang
-        args = (p, s, m) if v == 1 else (p, s, m, v)
-        _normalize(acts, what=f"{name}{args}", num_chunks=v)
+    try:  # a schedule that no executor could run is reported here, not as a hang or a wrong gradient
+        for s, acts in enumerate(schedules):
+            args = (p, s, m) if v == 1 else (p, s, m, v)
+            what = f"{name}{args}"
+            _check_complete(_normalize(acts, what=what, num_chunks=v), m=m, v=v, what=what,
+                            shown=f"stage {s}: {format_actions(acts)}")
+        _check_feasible(schedules, p=p, m=m, v=v, name=name)
+    except CheckFailure as exc:
+        raise CheckFailure(f"run_pipeline is run here with the lists your {name} returns, and they are not a "
+                           f"schedule any executor could run; fix {name} first (its own test says more). "
+                           f"run_pipeline was not run.\n{exc}") from None
     case = _make_case(p, m, v, batch, hidden, dtype, seed)
-    try:
-        results = run_distributed(_pipeline_rank, world_size, timeout=timeout, backend=backend,
-                                  check_collectives=False, args=(run_pipeline, layout, schedules, case, v, measure_memory, sleeps, backend))
-    except DistributedError as exc:
-        if any(f.kind == "timeout" for f in exc.failures):
-            raise DistributedError(f"{exc.summary}\n{_DEADLOCK_HINT}", exc.failures) from None
-        raise
+    results = _run_ranks(_pipeline_rank, world_size, timeout=timeout, backend=backend,
+                         args=(run_pipeline, layout, schedules, case, v, measure_memory, sleeps, backend))
     return layout, schedules, case, results
 
 
+def _where(layout, world_size) -> str:
+    if layout == [list(range(world_size))]:
+        return f"world of {world_size}"
+    if len(layout) == 1:
+        return f"pipeline group {layout[0]} of a world of {world_size}"
+    return f"pipeline groups {layout} of a world of {world_size}"
+
+
 def _ctx(name, p, m, v, layout, world_size, dtype) -> str:
-    where = f"pipeline group {layout[0]} of a world of {world_size}" if layout[0] != list(range(world_size)) \
-        else f"world of {world_size}"
+    where = _where(layout, world_size)
     chunks = f", {v} chunks per rank" if v > 1 else ""
     return f"run_pipeline with {name}, p = {p}, m = {m}{chunks}, {where}, {dtype_name(dtype)}"
 
 
 def _members(layout, results):
-    """(global rank, result) of the first pipeline group's ranks, in group-rank order."""
-    return [(g, results[g]) for g in layout[0]]
+    """(global rank, result) of every rank in a pipeline group (every group of the layout), in group-rank order."""
+    return [(g, results[g]) for ranks in layout for g in ranks]
 
 
 # ---------------------------------------------------------------------------
@@ -776,6 +826,24 @@ def _check_symmetry(members, *, p, ctx) -> None:
                 f"of the same shape and dtype (forward: send_forward, backward: send_backward).")
 
 
+def _check_loss(loss, expected, *, rank, group_rank, p, m, dtype, ctx) -> None:
+    if group_rank != p - 1:
+        if loss is not None:
+            raise CheckFailure(f"rank {rank} (group rank {group_rank}; {ctx}): run_pipeline returned {loss!r}; only "
+                               f"the last stage (group rank {p - 1}) returns the loss, the others None")
+        return
+    where = f"rank {rank} (group rank {group_rank}, the last stage; {ctx})"
+    if not isinstance(loss, float):
+        raise CheckFailure(f"{where}: run_pipeline returned {loss!r}; expected the mean loss as a Python float "
+                           f"(e.g. with .item())")
+    tol = 1e-9 if dtype == torch.float64 else 1e-5
+    if abs(loss - expected) > tol * max(1.0, abs(expected)):
+        ratio = loss / expected if expected else float("nan")
+        why = f" ({m} micro-batches: summed instead of averaged?)" if m > 1 and abs(ratio - m) < 1e-3 * m else ""
+        raise CheckFailure(f"{where}: loss {loss:.10g}, expected {expected:.10g}, the mean of the {m} micro-batch "
+                           f"losses; ratio {ratio:.6g}{why}")
+
+
 def check_run_pipeline(run_pipeline, schedule_fn, *, num_stages: int = 2, num_microbatches: int = 3,
                        num_chunks: int = 1, world_size: int | None = None, pp_ranks=None, batch: int = 2,
                        hidden: int = 5, dtype=torch.float64, seed: int = 0, backend: str = "gloo",
@@ -811,25 +879,15 @@ def check_run_pipeline(run_pipeline, schedule_fn, *, num_stages: int = 2, num_mi
             _check_executed_order(res, schedules[r], v=v, rank=g, ctx=ctx)
         with findings.communication():
             _check_p2p(res, p=p, m=m, v=v, shape=(batch, hidden), dtype=dtype, rank=g, ctx=ctx)
-    with findings.communication():
-        _check_symmetry(members, p=p, ctx=ctx)
-    for g, res in members:
+    for ranks in layout:
+        with findings.communication():
+            _check_symmetry([(g, results[g]) for g in ranks], p=p, ctx=ctx)
+    for g, res in members:  # the loss first: a wrong scale shows there most plainly
         r = res["group_rank"]
         with findings.numbers():
-            loss = res["loss"]
-            if r == p - 1:
-                if not isinstance(loss, float):
-                    raise CheckFailure(f"rank {g} (group rank {r}, the last stage; {ctx}): run_pipeline returned "
-                                       f"{loss!r}; expected the mean loss as a Python float (e.g. loss.item())")
-                if abs(loss - case["loss"]) > 1e-7 * max(1.0, abs(case["loss"])) + (1e-5 if dtype != torch.float64 else 0):
-                    raise CheckFailure(
-                        f"rank {g} (group rank {r}, the last stage; {ctx}): loss {loss:.10g}, expected "
-                        f"{case['loss']:.10g}, the mean of the {m} micro-batch losses (ratio "
-                        f"{loss / case['loss'] if case['loss'] else float('nan'):.4g}; {m} would mean summed "
-                        f"instead of averaged)")
-            elif loss is not None:
-                raise CheckFailure(f"rank {g} (group rank {r}; {ctx}): run_pipeline returned {loss!r}; only the "
-                                   f"last stage (group rank {p - 1}) returns the loss, the others None")
+            _check_loss(res["loss"], case["loss"], rank=g, group_rank=r, p=p, m=m, dtype=dtype, ctx=ctx)
+    for g, res in members:
+        r = res["group_rank"]
         for c in range(v):
             k = c * p + r
             exp_w, exp_b = case["grads"][k]
@@ -902,49 +960,46 @@ def check_pipeline_memory(run_pipeline, schedule_fn, *, num_stages: int = 3, num
 # The error contract of run_pipeline
 # ---------------------------------------------------------------------------
 
-def _error_rank(rank, world_size, run_pipeline, cases, backend):
+def _error_rank(rank, world_size, run_pipeline, kind, backend):
     dev = rank_device(rank, backend)
-    group = dist.group.WORLD
-    out = []
-    for label, kind, _ in cases:
-        gen = torch.Generator().manual_seed(0)
-        mods = [TaggedStage(torch.randn(3, 3, generator=gen, dtype=torch.float64),
-                            torch.zeros(3, dtype=torch.float64)).to(dev) for _ in range(2)]
-        xs = [torch.zeros(2, 3, dtype=torch.float64, device=dev) for _ in range(3)]
-        ts = [torch.zeros(2, 3, dtype=torch.float64, device=dev) for _ in range(3)]
-        stage, schedule, pg = mods[0], [("F", i) for i in range(3)] + [("B", i) for i in range(3)], group
-        if kind == "targets":
-            ts = ts[:2]
-        elif kind == "group":
-            pg = None
-        elif kind == "action":
-            schedule = schedule[:3] + [("X", 0)] + schedule[4:]
-        elif kind == "range":
-            schedule = schedule + [("F", 3), ("B", 3)]
-        elif kind == "order":
-            schedule = [("B", 0)] + [a for a in schedule if a != ("B", 0)]
-        elif kind == "chunks":
-            stage = mods
-        err = None
-        with CommLedger() as ledger:
-            try:
-                run_pipeline(stage, schedule, xs, ts, F.mse_loss, pp_group=pg)
-            except NotImplementedError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the verdict is made in the parent
-                err = (type(exc).__name__, str(exc))
-        out.append({"error": err, "records": ledger.records})
-    return out
+    gen = torch.Generator().manual_seed(0)
+    mods = [TaggedStage(torch.randn(3, 3, generator=gen, dtype=torch.float64),
+                        torch.zeros(3, dtype=torch.float64)).to(dev) for _ in range(2)]
+    xs = [torch.zeros(2, 3, dtype=torch.float64, device=dev) for _ in range(3)]
+    ts = [torch.zeros(2, 3, dtype=torch.float64, device=dev) for _ in range(3)]
+    stage, pg = mods[0], dist.group.WORLD
+    schedule = [("F", i) for i in range(3)] + [("B", i) for i in range(3)]
+    if kind == "targets":
+        ts = ts[:2]
+    elif kind == "group":
+        pg = None
+    elif kind == "action":
+        schedule = schedule[:3] + [("X", 0)] + schedule[4:]
+    elif kind == "range":
+        schedule = schedule + [("F", 3), ("B", 3)]
+    elif kind == "order":
+        schedule = [("B", 0)] + [a for a in schedule if a != ("B", 0)]
+    elif kind == "chunks":
+        stage = mods
+    err = None
+    with CommLedger() as ledger:
+        try:
+            run_pipeline(stage, schedule, xs, ts, F.mse_loss, pp_group=pg)
+        except NotImplementedError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the verdict is made in the parent
+            err = (type(exc).__name__, str(exc))
+    return {"error": err, "records": ledger.records}
 
 
 def check_run_pipeline_errors(run_pipeline, *, world_size: int = 2, backend: str = "gloo",
                               timeout: float = _TIMEOUT) -> None:
     """Invalid arguments raise ValueError on every rank before any communication, naming the sizes.
 
-    Cases: 3 micro-batches with 2 targets; a pp_group that is not a
-    ProcessGroup; an action that is not ('F' or 'B', microbatch); a
-    micro-batch index past the end (3 of 3); a backward before its forward;
-    two chunks with actions that name no chunk.
+    Cases, each run on its own: 3 micro-batches with 2 targets; a pp_group
+    that is not a ProcessGroup; an action that is not ('F' or 'B',
+    microbatch); a micro-batch index past the end (3 of 3); a backward before
+    its forward; two chunks with actions that name no chunk.
     """
     cases = [("3 micro-batches, 2 targets", "targets", ("3", "2")),
              ("pp_group=None", "group", ()),
@@ -952,21 +1007,27 @@ def check_run_pipeline_errors(run_pipeline, *, world_size: int = 2, backend: str
              ("actions for micro-batch 3 of 3", "range", ("3",)),
              ("('B', 0) before ('F', 0)", "order", ()),
              ("two chunks, actions without a chunk index", "chunks", ("2",))]
-    results = run_distributed(_error_rank, world_size, args=(run_pipeline, cases, backend), timeout=timeout,
-                              backend=backend, check_collectives=False)
-    for i, (label, _, must) in enumerate(cases):
-        for rank in range(world_size):
-            res = results[rank][i]
+    for label, kind, must in cases:
+        try:
+            results = _run_ranks(_error_rank, world_size, args=(run_pipeline, kind, backend), timeout=timeout,
+                                 backend=backend)
+        except DistributedError as exc:
+            if all(f.kind == "exception" and f.detail.rstrip().endswith("NotImplementedError")
+                   for f in exc.failures):
+                raise
+            raise CheckFailure(f"run_pipeline with {label}: expected ValueError on every rank before any "
+                               f"communication; instead the run failed:\n{exc}") from None
+        for rank, res in enumerate(results):
             if res["error"] is None:
                 raise CheckFailure(f"rank {rank}: run_pipeline with {label}: expected ValueError, nothing was raised.")
-            kind, msg = res["error"]
-            if kind != "ValueError":
-                raise CheckFailure(f"rank {rank}: run_pipeline with {label}: expected ValueError, got {kind}: {msg}")
+            kind_, msg = res["error"]
+            if kind_ != "ValueError":
+                raise CheckFailure(f"rank {rank}: run_pipeline with {label}: expected ValueError, got {kind_}: {msg}")
             comm = [r for r in res["records"] if r.op != "wait"]
             if comm:
                 raise CheckFailure(f"rank {rank}: run_pipeline with {label}: ValueError raised only after "
                                    f"communicating; validate before any send or receive:\n{format_trace(comm, rank)}")
-            absent = [s for s in must if s not in msg]
+            absent = [x for x in must if x not in msg]
             if absent:
                 raise CheckFailure(f"rank {rank}: run_pipeline with {label}: the ValueError should name the sizes "
                                    f"({', '.join(must)}); its message was: {msg!r}")
@@ -1033,15 +1094,9 @@ def check_p2p_helpers(send_forward, recv_forward, send_backward, recv_backward, 
                "grad": [(-100 * (i + 1) + torch.randn(*shape, generator=gen, dtype=torch.float64)).to(dtype)
                         for i in range(p)]}
     fns = (send_forward, recv_forward, send_backward, recv_backward)
-    try:
-        results = run_distributed(_p2p_rank, world_size, timeout=timeout, backend=backend,
-                                  check_collectives=False, args=(fns, layout, payload, tuple(shape), dtype, noncontiguous, backend))
-    except DistributedError as exc:
-        if any(f.kind == "timeout" for f in exc.failures):
-            raise DistributedError(f"{exc.summary}\n{_DEADLOCK_HINT}", exc.failures) from None
-        raise
-    where = (f"pipeline group {layout[0]} of a world of {world_size}" if layout[0] != list(range(world_size))
-             else f"world of {world_size}")
+    results = _run_ranks(_p2p_rank, world_size, timeout=timeout, backend=backend,
+                         args=(fns, layout, payload, tuple(shape), dtype, noncontiguous, backend))
+    where = _where(layout, world_size)
     ctx = f"P2P helpers, {where}, {fmt_shape(shape)} {dtype_name(dtype)}"
     findings = Findings()
 
@@ -1051,8 +1106,7 @@ def check_p2p_helpers(send_forward, recv_forward, send_backward, recv_backward, 
                 return i
         return None
 
-    for g in layout[0]:
-        res = results[g]
+    for g, res in _members(layout, results):
         r = res["group_rank"]
         nxt, prv = (r + 1) % p, (r - 1) % p
         with findings.communication():
@@ -1099,7 +1153,7 @@ def check_p2p_helpers(send_forward, recv_forward, send_backward, recv_backward, 
 # ---------------------------------------------------------------------------
 
 def record_timeline(run_pipeline, schedule_fn, *, num_stages: int = 4, num_microbatches: int = 8,
-                    num_chunks: int = 1, forward_ms: float = 12.0, backward_ms: float = 24.0, seed: int = 0,
+                    num_chunks: int = 1, forward_ms: float = 20.0, backward_ms: float = 40.0, seed: int = 0,
                     timeout: float = 30.0) -> dict:
     """Run run_pipeline on stages that sleep `forward_ms` / `backward_ms` (split over the chunks); return
     {"events": per group rank [(kind, mb, chunk, start_s, end_s)], "held": per rank peak outputs alive}.
@@ -1136,8 +1190,8 @@ _F_COLORS = ("#4C72B0", "#8FB3E0", "#2A4A7A")
 _B_COLORS = ("#DD8452", "#F2B48C", "#A0522D")
 
 
-def plot_pipeline_timelines(run_pipeline, runs, *, bubble_fraction=None, forward_ms: float = 12.0,
-                            backward_ms: float = 24.0):
+def plot_pipeline_timelines(run_pipeline, runs, *, bubble_fraction=None, forward_ms: float = 20.0,
+                            backward_ms: float = 40.0):
     """One panel per run: every rank's forwards and backwards as recorded, idle time shaded.
 
     `runs`: (title, schedule_fn, num_stages, num_microbatches, num_chunks).
