@@ -1199,9 +1199,11 @@ def plot_pipeline_timelines(run_pipeline, runs, *, bubble_fraction=None, forward
     (p - 1) / (v m + p - 1), from `bubble_fraction` when given (yours), and
     each row the most stage outputs its rank held at once. Returns a Picture.
     """
+    from matplotlib.patches import Patch
+
     from autograder.plots import new_figure, picture
 
-    fig, axes = new_figure(figsize=(11, 2.3 * len(runs)), nrows=len(runs))
+    fig, axes = new_figure(figsize=(12, 2.3 * len(runs)), nrows=len(runs))
     axes = [axes] if len(runs) == 1 else list(axes)
     for ax, (title, fn, p, m, v) in zip(axes, runs):
         rec = record_timeline(run_pipeline, fn, num_stages=p, num_microbatches=m, num_chunks=v,
@@ -1233,4 +1235,9 @@ def plot_pipeline_timelines(run_pipeline, runs, *, bubble_fraction=None, forward
         chunks = f", v = {v}" if v > 1 else ""
         ax.set_title(f"{title}: p = {p}, m = {m}{chunks}. Idle (hatched): measured {measured:.1%}, "
                      f"{source} (p-1)/(vm+p-1) = {formula:.1%}", fontsize=9)
+        handles = [Patch(facecolor=(_F_COLORS if k == "F" else _B_COLORS)[c], edgecolor="black",
+                         label=f"{'forward' if k == 'F' else 'backward'}" + (f", chunk {c}" if v > 1 else ""))
+                   for k in ("F", "B") for c in range(min(v, 3))]
+        handles.append(Patch(facecolor="#E6E6E6", hatch="///", edgecolor="#BBBBBB", label="idle"))
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
     return picture(fig)
