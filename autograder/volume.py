@@ -152,3 +152,24 @@ def pp_step_seconds(num_stages: int, num_microbatches: int, forward_s: float, ba
     """Step time of an ideal pipeline: m (t_f + t_b) of work plus the bubble."""
     return num_microbatches * (forward_s + backward_s) + pp_bubble_seconds(num_stages, forward_s, backward_s,
                                                                            num_chunks)
+
+
+def activation_bytes_per_layer(s: int, b: int, h: int, a: int, *, tp: int = 1, sequence_parallel: bool = False,
+                               selective_recompute: bool = False) -> float:
+    """Activation bytes one transformer layer keeps for backward, 16-bit (Korthikanti et al. 2022, Table 2).
+
+    s b h (34 + 5 a s / h) without parallelism; with TP s b h (10 + 24/t + 5 a s / (h t)); with TP + SP
+    s b h / t (34 + 5 a s / h). Selective recomputation (attention's softmax and dropout recomputed, as
+    flash attention does) drops the 5 a s / h term.
+    """
+    attention = 0.0 if selective_recompute else 5 * a * s / h
+    if sequence_parallel:
+        return s * b * h / tp * (34 + attention)
+    return s * b * h * (10 + 24 / tp + attention / tp)
+
+
+def pp_stage_activation_bytes(schedule: str, num_stages: int, stage: int, num_microbatches: int, layers: int,
+                              per_layer_bytes: float, num_chunks: int = 1) -> float:
+    """Peak activation bytes of a stage of `layers` layers: its peak outputs held, each `layers / v` layers deep."""
+    outputs = pp_peak_outputs(schedule, num_stages, stage, num_microbatches, num_chunks)
+    return outputs * (layers / num_chunks) * per_layer_bytes

@@ -111,3 +111,33 @@ def test_lesson_time_example():
     assert transfer_seconds(tp_forward_bytes, H100_NODE.nvlink) == pytest.approx(0.522e-3, rel=1e-2)  # NVLink
     assert transfer_seconds(tp_forward_bytes, H100_NODE.network) == pytest.approx(4.70e-3, rel=1e-2)  # over IB
     assert compute_seconds(transformer_layer_flops(s, b, h) / t, mfu=0.5) == pytest.approx(1.807e-3, rel=1e-3)
+
+
+def test_lesson_memory_example():
+    """03_memory.md: the same 70B-class model (a = 64 heads), TP 8 + SP, selective recomputation, PP 8, m = 32."""
+    from autograder.volume import activation_bytes_per_layer, pp_stage_activation_bytes
+
+    s, b, h, a, t = 4096, 1, 8192, 64, 8
+    per_layer = activation_bytes_per_layer(s, b, h, a, tp=t, sequence_parallel=True, selective_recompute=True)
+    assert per_layer == 34 * s * b * h / t == 136 * MiB
+    full = activation_bytes_per_layer(s, b, h, a, tp=t, sequence_parallel=True)
+    assert full == s * b * h / t * (34 + 5 * 64 * 4096 / 8192) == 776 * MiB  # without recomputation
+    # 1F1B: stage 0 holds p = 8 micro-batches of its 10 layers = all 80 layers' activations of one micro-batch
+    assert pp_stage_activation_bytes("1f1b", 8, 0, 32, 10, per_layer) == 80 * 136 * MiB  # 10.6 GiB
+    assert pp_stage_activation_bytes("1f1b", 8, 7, 32, 10, per_layer) == 10 * 136 * MiB  # the last stage: 1.3 GiB
+    assert pp_stage_activation_bytes("gpipe", 8, 0, 32, 10, per_layer) == 320 * 136 * MiB  # 42.5 GiB
+    # interleaved v = 5: 47 chunk outputs of 2 layers = 94 layers' worth, 12.5 GiB
+    assert pp_peak_outputs("interleaved", 8, 0, 32, 5) == 2 * 7 + 4 * 8 + 1 == 47
+    assert pp_stage_activation_bytes("interleaved", 8, 0, 32, 10, per_layer, num_chunks=5) == 94 * 136 * MiB
+    assert pp_stage_activation_bytes("1f1b", 8, 0, 32, 10, full) == 80 * 776 * MiB  # 60.6 GiB without recomputation
+    assert activation_bytes_per_layer(s, b, h, a) == s * b * h * (34 + 160)  # no parallelism: 6.1 GiB per layer
+
+
+@pytest.mark.parametrize("p,v", [(4, 2), (8, 5), (2, 3), (16, 2)])
+def test_interleaving_memory_factor(p, v):
+    """04_interleaving_and_zero_bubble.md, section 3: with m large, stage 0 holds v p + p - 1 chunk outputs,
+    p + (p - 1)/v stage-equivalents, a factor 1 + (p - 1)/(p v) over 1F1B's p."""
+    m = 10 * p
+    chunks = pp_peak_outputs("interleaved", p, 0, m, v)
+    assert chunks == v * p + p - 1
+    assert (chunks / v) / pp_peak_outputs("1f1b", p, 0, m) == pytest.approx(1 + (p - 1) / (p * v))
