@@ -36,6 +36,7 @@ under nccl.
 from __future__ import annotations
 
 import gc
+import re
 import time
 import weakref
 
@@ -95,11 +96,25 @@ def _explained(exc: DistributedError) -> DistributedError:
     return exc
 
 
+_FRAME = re.compile(r'File "[^"]*", line \d+, in (\S+)')
+
+
+def _name_stubs(exc: DistributedError) -> None:
+    """When every rank that raised hit a stub, name the stub (the innermost frame) for the report."""
+    raised = [f for f in exc.failures if f.kind == "exception"]
+    if raised and all(f.detail.rstrip().endswith("NotImplementedError") for f in raised):
+        for f in raised:
+            frames = _FRAME.findall(f.detail)
+            if frames:
+                f.stub = frames[-1]
+
+
 def _run_ranks(fn, world_size, *, args, timeout, backend):
     """run_distributed for pipeline checks: no collective fingerprinting (see the module docstring), hints on failure."""
     try:
         return run_distributed(fn, world_size, args=args, timeout=timeout, backend=backend, check_collectives=False)
     except DistributedError as exc:
+        _name_stubs(exc)
         new = _explained(exc)
         if new is exc:
             raise
@@ -210,7 +225,7 @@ def _check_orders(acts, *, p, m, v, what, shown) -> None:
                     f"{' ...' if len(expected) > 24 else ''}\n  {shown}")
 
 
-def _check_alternation(acts, *, leading: int, leading_rule: str, what: str, shown: str) -> None:
+def _check_alternation(acts, *, leading: int, leading_rule: str, what: str, shown: str, v: int = 1) -> None:
     """`leading` forwards, then one backward / one forward alternately while forwards remain, then backwards."""
     first_b = next((i for i, a in enumerate(acts) if a[0] == "B"), len(acts))
     if first_b != leading:
@@ -224,7 +239,8 @@ def _check_alternation(acts, *, leading: int, leading_rule: str, what: str, show
             word = "forwards" if kind == "F" else "backwards"
             raise CheckFailure(
                 f"{what}: two {word} in a row at actions {i - 1} and {i} "
-                f"({_action_text(acts[i - 1][:2])}, {_action_text(acts[i][:2])}) while forwards remain: after "
+                f"({_action_text(acts[i - 1] if v > 1 else acts[i - 1][:2])}, "
+                f"{_action_text(acts[i] if v > 1 else acts[i][:2])}) while forwards remain: after "
                 f"the warm-up the steady state alternates one backward and one forward, then only backwards "
                 f"remain (cool-down).\n  {shown}")
         if kind == "F":
@@ -393,7 +409,7 @@ def _check_schedule_family(fn, name: str, cases, *, kind: str) -> None:
                 leading = min(warmup + 1, m * v)
                 rule = (f"{leading}: a warm-up of min((p - stage - 1) * 2 + (v - 1) * p, m v) = {warmup} "
                         f"forward(s){', then the first steady-state forward' if warmup < m * v else ''}")
-            _check_alternation(acts, leading=leading, leading_rule=rule, what=what, shown=shown)
+            _check_alternation(acts, leading=leading, leading_rule=rule, what=what, shown=shown, v=v)
         _check_feasible(lists, p=p, m=m, v=v, name=name)
 
 
