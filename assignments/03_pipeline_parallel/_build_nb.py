@@ -175,8 +175,6 @@ def build() -> NotebookBuilder:
     """)
     nb.code("""
     # Scratch: pass a tensor around a ring of 3 ranks and look at the ledger (edit freely).
-    # check_collectives=False: P2P ops advance the group's sequence number, so ranks that send different
-    # numbers of messages would fail the runner's collective fingerprinting (the ledger shows everything anyway).
     def ring(rank, world_size):
         group = dist.group.WORLD
         with CommLedger() as ledger:
@@ -185,7 +183,7 @@ def build() -> NotebookBuilder:
             handle.wait()
         return got[0, 0].item(), ledger.records
 
-    for rank, (value, records) in enumerate(run_distributed(ring, 3, timeout=5, check_collectives=False)):
+    for rank, (value, records) in enumerate(run_distributed(ring, 3, timeout=5)):
         print(f"rank {rank} received {value} from rank {int(value)}")
         print(format_trace(records, rank))
     """)

@@ -23,12 +23,11 @@ process, against a single-process run of the same stages (spec 3.2). Peers in
 the ledger are ranks of the pipeline group; tests use a pipeline group inside
 a larger world (`pp_ranks`).
 
-A deadlock is a plausible mistake here, so runs use a short timeout (5 s):
-past it the runner reports every rank's stack. Runs skip the runner's
-collective fingerprinting (`check_collectives=False`): a pipeline issues no
-collectives (the ledger checks that), and under TORCH_DISTRIBUTED_DEBUG=DETAIL
-P2P ops advance the group's sequence number, so ranks with different numbers
-of sends would fail the runner's own final barrier on the default group.
+A deadlock is a plausible mistake here: the runner reports one when every
+rank has been blocked for about 2 s, and the runs use a short hard timeout
+(5 s) for anything slower; either way every rank's stack is shown, with a
+hint. Runs skip the runner's collective agreement (`check_collectives=False`):
+a pipeline issues no collectives, and the ledger checks that there are none.
 Rank programs are module-level functions, and tensors go to `cuda:<rank>`
 under nccl.
 """
@@ -105,12 +104,12 @@ def _name_stubs(exc: DistributedError) -> None:
     if raised and all(f.detail.rstrip().endswith("NotImplementedError") for f in raised):
         for f in raised:
             frames = _FRAME.findall(f.detail)
-            if frames:
+            if frames and not f.stub:
                 f.stub = frames[-1]
 
 
 def _run_ranks(fn, world_size, *, args, timeout, backend):
-    """run_distributed for pipeline checks: no collective fingerprinting (see the module docstring), hints on failure."""
+    """run_distributed for pipeline checks: no collective agreement (see the module docstring), hints on failure."""
     try:
         return run_distributed(fn, world_size, args=args, timeout=timeout, backend=backend, check_collectives=False)
     except DistributedError as exc:
