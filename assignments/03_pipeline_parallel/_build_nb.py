@@ -156,8 +156,9 @@ def build() -> NotebookBuilder:
       wrong byte size aborts the process, one of the right size but the wrong
       shape silently receives garbage.
     - The tensor to send may be a non-contiguous view: send a contiguous copy.
-    - First line of each function: the given checks (they are in the cell),
-      before any communication.
+    - Start each function with the given checks, before any communication:
+      `_group_size_rank(pp_group, "send_forward")`, and in a receive also
+      `dims = _check_recv_args(shape, dtype, "recv_forward")`.
 
     Why sends are posted and receives block, and what Megatron does instead on
     NCCL: [02_p2p_without_deadlock.md](../../assignments/03_pipeline_parallel/02_p2p_without_deadlock.md).
