@@ -45,3 +45,9 @@ from nbgrader.preprocessors import ClearHiddenTests, GetGrades  # noqa: E402
 from autograder.nbgrader_plugins import HideTestTracebacks  # noqa: E402
 
 c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, HideTestTracebacks, CSSHTMLHeaderPreprocessor]
+
+# An LMS download: `nbgrader zip_collect ASSIGNMENT` collects a Canvas "Download Submissions" zip put in
+# downloaded/ASSIGNMENT/archive/ into submitted/<login>/ASSIGNMENT/. Canvas names each file
+# <login>_[LATE_]<user id>_<submission id>_<the student's file name> (README, "For instructors").
+c.ZipCollectApp.collector_plugin = "nbgrader.plugins.zipcollect.FileNameCollectorPlugin"
+c.FileNameCollectorPlugin.named_regexp = r".*/(?P<student_id>[a-z0-9]+)_(?:LATE_)?\d+_\d+_(?P<file_id>[^/]+)$"
