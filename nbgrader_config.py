@@ -33,8 +33,18 @@ c.Execute.interrupt_on_timeout = True
 c.IgnorePattern.enabled = True
 c.IgnorePattern.pattern = r"[\s\S]*"
 
-# Student output can be huge (a debug print in a loop); keep notebooks small.
+# Student output can be huge (a debug print in a loop, one 50 MB line); keep notebooks small.
 c.LimitOutput.max_lines = 200
+# nbgrader's autograde steps (nbgrader/converters/autograde.py), with a character cap next to LimitOutput.
+from nbconvert.preprocessors import ClearMetadataPreprocessor  # noqa: E402
+from nbgrader.preprocessors import (  # noqa: E402
+    AssignLatePenalties, CheckCellMetadata, Execute, IgnorePattern, LimitOutput, SaveAutoGrades,
+)
+
+from autograder.nbgrader_plugins import LimitOutputChars  # noqa: E402
+
+c.Autograde.autograde_preprocessors = [Execute, IgnorePattern, ClearMetadataPreprocessor, LimitOutputChars,
+                                       LimitOutput, SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]
 
 # Feedback shows each failure's message but no hidden test: hidden regions are
 # removed from the test cells, and tracebacks (whose frames quote the cell's

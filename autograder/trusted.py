@@ -518,7 +518,7 @@ def grade_notebook(submitted: dict, source: dict, *, workdir: str | None = None,
              and not _meta(c).get("grade")]
     deadline = time.monotonic() + budget
     try:
-        client = ZygoteClient(copy.deepcopy(submitted), workdir, sandbox=sandbox)
+        client = ZygoteClient(copy.deepcopy(submitted), workdir, sandbox=sandbox, start_timeout=min(120.0, budget))
         try:
             client.__enter__()
         except RuntimeError as exc:

@@ -124,7 +124,7 @@ def test_submissions_that_cannot_be_graded_get_a_reason_and_the_others_are_grade
         assert "no notebook" in reasons["ivan"]
         for s in bad:
             assert recs[s]["score"] == 0 and recs[s]["status"] == "rejected"
-            assert f"NOT GRADED: {reasons[s][:40]}" in proc.stdout.replace("\n" + " " * 46, " ")
+            assert f"NOT GRADED: {reasons[s][:40]}" in " ".join(proc.stdout.split())  # the table, wrapped
         assert recs["alice"]["score"] == 12 and recs["alice"]["status"] == "graded"  # everyone else: graded
         book = gradebook(course)
         assert book["frank"] == {"test_copy_to_region": 0.0, "test_reduce_from_region": 0.0}  # in the gradebook too
