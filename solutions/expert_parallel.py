@@ -43,8 +43,9 @@ def _check_split_sizes(splits, group_size: int, what: str) -> list[int]:
         splits = splits.tolist()
     if not isinstance(splits, (list, tuple)) or len(splits) != group_size \
             or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in splits):
+        count = f" ({len(splits)} values)" if isinstance(splits, (list, tuple)) else ""
         raise ValueError(f"{what} must be a list of {group_size} non-negative ints (one per rank of the "
-                         f"group), got {splits!r}")
+                         f"group), got {splits!r}{count}")
     return [int(s) for s in splits]
 
 
