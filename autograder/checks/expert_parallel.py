@@ -22,6 +22,7 @@ Tokens are `[T, h]`; rank r of an EP group of w holds experts `[r E/w, (r+1) E/w
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import math
 
@@ -33,6 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from autograder.compare import CheckFailure, Findings, assert_close, dtype_name, fmt_shape
 from autograder.dist import rank_device, run_distributed
 from autograder.ledger import CommLedger, check_consistent, expect_no_comm, format_trace
+from autograder.report import student_frames
 from autograder.volume import all_to_all_traffic
 
 __all__ = [
@@ -187,14 +189,17 @@ class AllToAllGuard(TorchDispatchMode):
         except Exception:  # noqa: BLE001 - an unregistered group: name ranks by group rank
             members = list(range(w))
         n = self._count[pg.group_name] = self._count.get(pg.group_name, 0) + 1
-        what = f"all_to_all #{n} on the group of ranks {members}"
+        backward = torch._C._current_graph_task_id() != -1
+        what = (f"all-to-all number {n} that this rank issued on the group of ranks {members}"
+                + (" (in backward)" if backward else ""))
         problem = ""
         if len(ins) != w or len(outs) != w:
             problem = (f"rank {members[me]}: {what}: needs {w} input and {w} output split sizes (one per rank), "
                        f"got input_split_sizes {ins}, output_split_sizes {outs} for {rows} input rows")
         elif sum(ins) != rows:
             problem = (f"rank {members[me]}: {what}: input_split_sizes {ins} sum to {sum(ins)}, but the input "
-                       f"has {rows} rows")
+                       f"has {rows} rows" + (". In backward the gradient of the output goes back to where it came "
+                                             "from: the same all-to-all with the splits swapped" if backward else ""))
         elif out_rows is not None and sum(outs) != out_rows:
             problem = (f"rank {members[me]}: {what}: output_split_sizes {outs} sum to {sum(outs)}, but the "
                        f"output buffer has {out_rows} rows")
@@ -238,6 +243,21 @@ class AllToAllGuard(TorchDispatchMode):
 def _traced():
     """(ledger, guard) for a rank program: `with ledger, guard:`."""
     return CommLedger(), AllToAllGuard()
+
+
+def _rank_program(fn):
+    """Decorate a rank program: a CheckFailure raised deep inside torch (by the guard, in an all-to-all of
+    the student's) is re-raised without torch's frames, naming the student's frames instead."""
+    @functools.wraps(fn)
+    def program(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except CheckFailure as exc:
+            frames = [f"{fs.name} ({fs.filename}, line {fs.lineno})" for fs in student_frames(exc.__traceback__)]
+            if not frames:
+                raise
+            raise CheckFailure(f"{exc}\n  (raised in your code at: {' -> '.join(frames)})") from None
+    return program
 
 
 # ---------------------------------------------------------------------------
@@ -538,6 +558,7 @@ def check_unpermute(unpermute, *, num_tokens: int = 50, num_experts: int = 4, k:
 # The worked example and exercise 3: the count exchange and the differentiable all-to-all
 # ---------------------------------------------------------------------------
 
+@_rank_program
 def _counts_rank(rank, world_size, fn, counts, groups, backend):
     group, members = _my_group(rank, groups)
     ledger, guard = _traced()
@@ -579,6 +600,7 @@ def _splits_matrix(gen, w, pattern):
     return s
 
 
+@_rank_program
 def _a2a_rank(rank, world_size, fn, case, backend):
     dev = rank_device(rank, backend)
     group, members = _my_group(rank, case["groups"])
@@ -825,6 +847,7 @@ def _case_ctx(name, case, world_size, num_tokens, pattern):
             + f", {num_tokens} tokens of {case['hidden']} {dtype_name(case['dtype'])} per rank, pattern {pattern!r}")
 
 
+@_rank_program
 def _dispatch_rank(rank, world_size, cls, case, mode, backend):
     dev = rank_device(rank, backend)
     group, members = _my_group(rank, case["groups"])
@@ -1196,6 +1219,7 @@ def _moe_reference(case, aux_coeff):
     return ref
 
 
+@_rank_program
 def _moe_rank(rank, world_size, cls, case, aux_coeff, backend):
     dev = rank_device(rank, backend)
     group, members = _my_group(rank, case["groups"])
@@ -1205,11 +1229,17 @@ def _moe_rank(rank, world_size, cls, case, aux_coeff, backend):
                 capacity_factor=case["cf"])
     router = getattr(getattr(layer, "router", None), "weight", None)
     experts = getattr(layer, "local_experts", None)
-    if not isinstance(router, torch.Tensor) or experts is None or len(experts) != case["local"] \
+    if not isinstance(router, torch.Tensor) or experts is None \
             or not all(hasattr(e, "linear_fc1") and hasattr(e, "linear_fc2") for e in experts):
         raise CheckFailure(f"rank {rank}: MoELayer must hold the router as .router (with .weight [E, h]) and its "
                            f"{case['local']} local experts as .local_experts, a list of ExpertMLP (each with "
                            f".linear_fc1 and .linear_fc2)")
+    i = members.index(rank)
+    if len(experts) != case["local"]:
+        raise CheckFailure(f"rank {rank} (rank {i} of its EP group {members}): MoELayer.local_experts holds "
+                           f"{len(experts)} experts, expected {case['local']}: experts [{i * case['local']}, "
+                           f"{(i + 1) * case['local']}) of the {case['num_experts']} (use the rank in ep_group, "
+                           f"not the global rank)")
     x = case["x"][rank].to(dev).clone().requires_grad_()
     ledger, guard = _traced()
     with ledger, guard:
@@ -1261,21 +1291,39 @@ def check_moe_layer(MoELayer, *, world_size: int = 2, ep_size: int | None = None
                 _expect_moe_comm(res["records"], rank=rank, ctx=ctx, case=case, members=members, group_rank=i,
                                  kept=ref["kept"])
             with findings.numbers():
-                assert_close(res["out"], ref["out"][rank].to(dtype), name=f"{ctx}: output", rank=rank)
-                assert_close(res["aux"], ref["aux"][rank].to(cd), name=f"{ctx}: aux_loss (counts before drops)",
-                             rank=rank)
-                assert_close(res["x_grad"], ref["x_grad"][rank].to(dtype), name=f"{ctx}: input gradient", rank=rank)
-                assert_close(res["router_grad"], ref["router_grad"][rank].to(dtype),
-                             name=f"{ctx}: router.weight.grad (this rank's tokens, through probs and aux_loss)",
-                             rank=rank)
+                items = [("output", res["out"], ref["out"][rank].to(dtype)),
+                         ("aux_loss (counts before drops)", res["aux"], ref["aux"][rank].to(cd)),
+                         ("input gradient", res["x_grad"], ref["x_grad"][rank].to(dtype)),
+                         ("router.weight.grad (this rank's tokens, through probs and aux_loss)", res["router_grad"],
+                          ref["router_grad"][rank].to(dtype))]
                 for e in range(case["local"]):
                     ge = i * case["local"] + e
                     for which, got, want in zip(("linear_fc1", "linear_fc2"), res["expert_grads"][e],
                                                 ref["expert_grads"][rank][ge]):
-                        assert_close(got, want.to(dtype), name=f"{ctx}: local_experts[{e}] (global expert {ge}) "
-                                     f"{which}.weight.grad (every rank's tokens for it; zeros if none)", rank=rank)
+                        items.append((f"local_experts[{e}].{which}.weight.grad (global expert {ge}: every rank's "
+                                      f"tokens for it; zeros if none)", got, want.to(dtype)))
+                _compare_all(items, rank=rank, ctx=ctx)
     findings.raise_if_any()
     _check_splits_across_ranks(results, case["groups"], ctx)
+
+
+def _compare_all(items, *, rank, ctx) -> None:
+    """Compare every (name, got, expected); on failure, the first mismatch and which tensors are right or wrong."""
+    wrong, right, first = [], [], None
+    for name, got, want in items:
+        try:
+            assert_close(got, want, name=f"{ctx}: {name}", rank=rank)
+            right.append(name.split(" (")[0])
+        except CheckFailure as exc:
+            wrong.append(name.split(" (")[0])
+            first = first or str(exc)
+    if first:
+        hint = ""
+        if "output" in right and "router.weight.grad" in wrong and not any("local_experts" in w for w in wrong):
+            hint = (" The output is right but the router's gradient is not: the gradient through the probabilities "
+                    "is lost or wrong (probs computed from detached logits?).")
+        raise CheckFailure(f"{first}\n  On rank {rank}, wrong: {', '.join(wrong)}; right: "
+                           f"{', '.join(right) or 'nothing'}.{hint}")
 
 
 def _expect_moe_comm(records, *, rank, ctx, case, members, group_rank, kept):
@@ -1291,6 +1339,7 @@ def _expect_moe_comm(records, *, rank, ctx, case, members, group_rank, kept):
 # The picture: who sends how many tokens where, and the bytes of dispatch and combine
 # ---------------------------------------------------------------------------
 
+@_rank_program
 def _picture_rank(rank, world_size, cls, case, backend):
     dev = rank_device(rank, backend)
     dispatcher = cls(case["num_experts"], ep_group=dist.group.WORLD)
