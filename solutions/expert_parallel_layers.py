@@ -67,8 +67,8 @@ class AllToAllTokenDispatcher:
         """`(expert_input [N, h], tokens_per_local_expert [E/w] int64)` for this rank's experts."""
         ### BEGIN SOLUTION
         if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 2:
-            raise ValueError(f"dispatch: hidden_states must be [T, h], got "
-                             f"{list(hidden_states.shape) if isinstance(hidden_states, torch.Tensor) else hidden_states!r}")
+            got = list(hidden_states.shape) if isinstance(hidden_states, torch.Tensor) else hidden_states
+            raise ValueError(f"dispatch: hidden_states must be [T, h], got {got!r}")
         num_tokens = hidden_states.shape[0]
         _check_routing(routing_map, num_tokens, self.num_experts, "dispatch")
         if not isinstance(probs, torch.Tensor) or tuple(probs.shape) != tuple(routing_map.shape):
@@ -105,9 +105,9 @@ class AllToAllTokenDispatcher:
         counts = st["counts"]  # [w, E/w]
         if not isinstance(expert_output, torch.Tensor) or expert_output.dim() != 2 \
                 or expert_output.shape[0] != int(counts.sum()):
+            got = list(expert_output.shape) if isinstance(expert_output, torch.Tensor) else expert_output
             raise ValueError(f"combine: expert_output must be [N, h] with N = {int(counts.sum())} rows (what "
-                             f"dispatch returned), got "
-                             f"{list(expert_output.shape) if isinstance(expert_output, torch.Tensor) else expert_output!r}")
+                             f"dispatch returned), got {got!r}")
         # 1. Back to source-major: chunk (e, s) sits at e * w + s in the expert-major order.
         to_source_major = torch.arange(local * w).view(local, w).t().reshape(-1).tolist()
         x = sort_chunks_by_idxs(expert_output, counts.t().reshape(-1).tolist(), to_source_major)
