@@ -21,9 +21,8 @@ Tokens are `[T, h]`; rank r of an EP group of w holds experts `[r E/w, (r+1) E/w
 
 from __future__ import annotations
 
-import datetime
-import functools
 import json
+import time
 import math
 
 import torch
@@ -34,7 +33,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from autograder.compare import CheckFailure, Findings, assert_close, dtype_name, fmt_shape
 from autograder.dist import rank_device, run_distributed
 from autograder.ledger import CommLedger, check_consistent, expect_no_comm, format_trace
-from autograder.report import student_frames
 from autograder.volume import all_to_all_traffic
 
 __all__ = [
@@ -126,10 +124,12 @@ class AllToAllGuard(TorchDispatchMode):
     Rank i sends `input_split_sizes[j]` rows to rank j, which must expect exactly
     that many from i (its `output_split_sizes[i]`); rows must have one shape and
     dtype. gloo does not check: a mismatch returns uninitialised memory or
-    aborts the process. The guard posts each rank's splits to the rendezvous
-    store (not a collective: the ledger does not see it), reads its peers', and
-    raises on every rank with who sends what when they disagree, or when a rank
-    of the group does not issue the same all-to-all within `wait_s` seconds.
+    aborts the process (the runner's CollectiveAgreement compares op and dtype,
+    not splits). The guard posts each rank's splits to the rendezvous store
+    (not a collective: the ledger does not see it), reads its peers', and
+    raises on every rank with who sends what when they disagree, or when a
+    rank of the group returned without this all-to-all (or, with `wait_s`,
+    did not call it within that many seconds).
     """
 
     _OPS = ("c10d::alltoall_base_", "c10d::alltoall_", "_c10d_functional::all_to_all_single")
@@ -137,7 +137,7 @@ class AllToAllGuard(TorchDispatchMode):
     # all-to-alls issued per group by this process: one sequence across guards (keys must never repeat)
     _count: dict[str, int] = {}
 
-    def __init__(self, *, wait_s: float = 8.0):
+    def __init__(self, *, wait_s: float | None = None):
         super().__init__()
         self.wait_s = wait_s
 
@@ -179,6 +179,32 @@ class AllToAllGuard(TorchDispatchMode):
         return pg, rows, out_rows, [int(s) for s in in_splits], [int(s) for s in out_splits], \
             tuple(inp.shape[1:]), inp.dtype
 
+    def _wait(self, store, keys, members, me, what) -> None:
+        """Until every rank of the group posted its splits (idle: a deadlock still looks idle to the runner).
+
+        A peer that returned from its rank program without this all-to-all is
+        reported at once; a peer blocked in another collective is left to the
+        runner's deadlock detection, which shows where every rank waits.
+        """
+        from autograder.agreement import DONE_KEY
+
+        deadline = None if self.wait_s is None else time.monotonic() + self.wait_s
+        pauses = (0.0001,) * 20 + (0.001,) * 10
+        i = 0
+        while True:
+            missing = [j for j, k in enumerate(keys) if not store.check([k])]
+            if not missing:
+                return
+            returned = [members[j] for j in missing if store.check([DONE_KEY.format(rank=members[j])])]
+            if returned or (deadline is not None and time.monotonic() > deadline):
+                why = (f"rank(s) {returned} returned from the rank program without calling it" if returned else
+                       f"rank(s) {[members[j] for j in missing]} did not call it within {self.wait_s:g} s")
+                raise CheckFailure(
+                    f"rank {members[me]}: {what}: {why}. Every rank of the group must call the same all-to-alls "
+                    f"in the same order, also a rank that sends or receives nothing.")
+            time.sleep(pauses[i] if i < len(pauses) else 0.02)
+            i += 1
+
     def _check(self, func, args, kwargs) -> None:
         by_name = {a.name: v for a, v in zip(func._schema.arguments, args)}
         by_name.update(kwargs)
@@ -204,18 +230,13 @@ class AllToAllGuard(TorchDispatchMode):
             problem = (f"rank {members[me]}: {what}: output_split_sizes {outs} sum to {sum(outs)}, but the "
                        f"output buffer has {out_rows} rows")
         store = dist.distributed_c10d._get_default_store()
+        while isinstance(store, dist.PrefixStore):  # the run's own store: the runner's keys live there
+            store = store.underlying_store
         key = f"ep-a2a-guard/{pg.group_name}/{n}"
         store.set(f"{key}/{me}", json.dumps({"in": ins, "out": outs, "row": list(row_shape),
                                              "dtype": dtype_name(dtype), "problem": problem}))
         keys = [f"{key}/{j}" for j in range(w)]
-        try:
-            store.wait(keys, datetime.timedelta(seconds=self.wait_s))
-        except Exception as exc:  # noqa: BLE001 - a store timeout: some rank never issued it
-            missing = [members[j] for j in range(w) if not store.check([f"{key}/{j}"])]
-            raise CheckFailure(
-                f"rank {members[me]}: {what}: rank(s) {missing} did not issue this all-to-all within "
-                f"{self.wait_s:g} s ({type(exc).__name__}). Every rank of the group must call the same "
-                f"all-to-alls in the same order (also a rank that sends or receives nothing).") from None
+        self._wait(store, keys, members, me, what)
         peers = [json.loads(store.get(k)) for k in keys]
         problems = [p["problem"] for p in peers if p["problem"]]
         if problems:
@@ -243,21 +264,6 @@ class AllToAllGuard(TorchDispatchMode):
 def _traced():
     """(ledger, guard) for a rank program: `with ledger, guard:`."""
     return CommLedger(), AllToAllGuard()
-
-
-def _rank_program(fn):
-    """Decorate a rank program: a CheckFailure raised deep inside torch (by the guard, in an all-to-all of
-    the student's) is re-raised without torch's frames, naming the student's frames instead."""
-    @functools.wraps(fn)
-    def program(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except CheckFailure as exc:
-            frames = [f"{fs.name} ({fs.filename}, line {fs.lineno})" for fs in student_frames(exc.__traceback__)]
-            if not frames:
-                raise
-            raise CheckFailure(f"{exc}\n  (raised in your code at: {' -> '.join(frames)})") from None
-    return program
 
 
 # ---------------------------------------------------------------------------
@@ -558,7 +564,6 @@ def check_unpermute(unpermute, *, num_tokens: int = 50, num_experts: int = 4, k:
 # The worked example and exercise 3: the count exchange and the differentiable all-to-all
 # ---------------------------------------------------------------------------
 
-@_rank_program
 def _counts_rank(rank, world_size, fn, counts, groups, backend):
     group, members = _my_group(rank, groups)
     ledger, guard = _traced()
@@ -600,7 +605,6 @@ def _splits_matrix(gen, w, pattern):
     return s
 
 
-@_rank_program
 def _a2a_rank(rank, world_size, fn, case, backend):
     dev = rank_device(rank, backend)
     group, members = _my_group(rank, case["groups"])
@@ -847,7 +851,6 @@ def _case_ctx(name, case, world_size, num_tokens, pattern):
             + f", {num_tokens} tokens of {case['hidden']} {dtype_name(case['dtype'])} per rank, pattern {pattern!r}")
 
 
-@_rank_program
 def _dispatch_rank(rank, world_size, cls, case, mode, backend):
     dev = rank_device(rank, backend)
     group, members = _my_group(rank, case["groups"])
@@ -1219,7 +1222,6 @@ def _moe_reference(case, aux_coeff):
     return ref
 
 
-@_rank_program
 def _moe_rank(rank, world_size, cls, case, aux_coeff, backend):
     dev = rank_device(rank, backend)
     group, members = _my_group(rank, case["groups"])
@@ -1339,7 +1341,6 @@ def _expect_moe_comm(records, *, rank, ctx, case, members, group_rank, kept):
 # The picture: who sends how many tokens where, and the bytes of dispatch and combine
 # ---------------------------------------------------------------------------
 
-@_rank_program
 def _picture_rank(rank, world_size, cls, case, backend):
     dev = rank_device(rank, backend)
     dispatcher = cls(case["num_experts"], ep_group=dist.group.WORLD)
