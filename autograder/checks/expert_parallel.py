@@ -134,12 +134,15 @@ class AllToAllGuard(TorchDispatchMode):
 
     _OPS = ("c10d::alltoall_base_", "c10d::alltoall_", "_c10d_functional::all_to_all_single")
 
-    # all-to-alls issued per group by this process: one sequence across guards (keys must never repeat)
-    _count: dict[str, int] = {}
+    # guards created by this process: every rank creates them in the same order, so (guard, group, n) keys agree
+    _instances = 0
 
     def __init__(self, *, wait_s: float | None = None):
         super().__init__()
         self.wait_s = wait_s
+        AllToAllGuard._instances += 1
+        self._id = AllToAllGuard._instances
+        self._count: dict[str, int] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -232,7 +235,7 @@ class AllToAllGuard(TorchDispatchMode):
         store = dist.distributed_c10d._get_default_store()
         while isinstance(store, dist.PrefixStore):  # the run's own store: the runner's keys live there
             store = store.underlying_store
-        key = f"ep-a2a-guard/{pg.group_name}/{n}"
+        key = f"ep-a2a-guard/{self._id}/{pg.group_name}/{n}"
         store.set(f"{key}/{me}", json.dumps({"in": ins, "out": outs, "row": list(row_shape),
                                              "dtype": dtype_name(dtype), "problem": problem}))
         keys = [f"{key}/{j}" for j in range(w)]
