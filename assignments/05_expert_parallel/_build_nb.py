@@ -445,12 +445,13 @@ def build() -> NotebookBuilder:
                     seed=3)
     """)
     nb.markdown("""
-    ## The error contract
+    ### The error contract, for every exercise
 
-    Invalid arguments of every exercise raise `ValueError` on every rank,
-    before any communication, with a message naming the sizes involved.
+    Invalid arguments of every exercise (1 to 6) raise `ValueError` on every
+    rank, before any communication, with a message naming the sizes
+    involved. This last test of exercise 6 checks them all.
     """)
-    nb.test("test_argument_errors", 5, label="Exercises 1-6",
+    nb.test("test_argument_errors", 5,
             doc="Invalid arguments raise ValueError on every rank before any communication, naming the sizes.",
             visible="""
     impls = {name: globals()[name] for name in (
