@@ -378,8 +378,8 @@ def build() -> NotebookBuilder:
             visible="""
     check_token_dropping(apply_router_token_dropping, num_tokens=12, num_experts=4, k=2, capacity_factor=1.0)
     """, hidden="""
-    check_token_dropping(apply_router_token_dropping, num_tokens=12, num_experts=4, k=2, capacity_factor=0.5,
-                         ties=True, seed=1)
+    check_token_dropping(apply_router_token_dropping, num_tokens=18, num_experts=4, k=2,
+                         capacity_factor=0.5, ties=True, seed=1)
     check_token_dropping(apply_router_token_dropping, num_tokens=20, num_experts=8, k=2, capacity_factor=1.25,
                          dtype=torch.float32, seed=2)
     check_token_dropping(apply_router_token_dropping, num_tokens=15, num_experts=3, k=1, capacity_factor=1.5, seed=3)

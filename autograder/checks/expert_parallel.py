@@ -280,10 +280,9 @@ def _ref_topk(logits64: torch.Tensor, k: int) -> list[list[int]]:
 
 def _ref_probs(logits: torch.Tensor, selected: list[list[int]]) -> torch.Tensor:
     """Float64 `[T, E]` probabilities: the softmax over each token's selected logits (differentiable)."""
-    num_tokens, num_experts = logits.shape
-    idx = torch.tensor(selected, dtype=torch.long).view(num_tokens, -1)
+    idx = torch.tensor(selected, dtype=torch.long).view(logits.shape[0], -1)  # [T, k]
     top = torch.softmax(logits.to(torch.float64).gather(1, idx), dim=-1)
-    return torch.zeros(num_tokens, num_experts, dtype=torch.float64).scatter(1, idx, top)
+    return torch.zeros(tuple(logits.shape), dtype=torch.float64).scatter(1, idx, top)
 
 
 def _map_from(selected, num_tokens: int, num_experts: int) -> torch.Tensor:
@@ -296,23 +295,23 @@ def _map_from(selected, num_tokens: int, num_experts: int) -> torch.Tensor:
 
 def _ref_capacity(probs64: torch.Tensor, routing_map: torch.Tensor, k: int, capacity_factor: float) -> torch.Tensor:
     """Kept `[T, E]`: per expert its `ceil(T k / E cf)` highest-probability tokens, the earlier on ties."""
-    num_tokens, num_experts = routing_map.shape
-    capacity = math.ceil(num_tokens * k / num_experts * capacity_factor)
+    n_tok, n_exp = routing_map.shape
+    cap = math.ceil(n_tok * k / n_exp * capacity_factor)  # Megatron's get_capacity(T k, E, cf)
     p, m = probs64.tolist(), routing_map.tolist()
     kept = torch.zeros_like(routing_map)
-    for e in range(num_experts):
-        candidates = sorted((t for t in range(num_tokens) if m[t][e]), key=lambda t: (-p[t][e], t))
-        for t in candidates[:capacity]:
+    for e in range(n_exp):
+        candidates = sorted((t for t in range(n_tok) if m[t][e]), key=lambda t: (-p[t][e], t))
+        for t in candidates[:cap]:
             kept[t, e] = True
     return kept
 
 
 def _ref_aux(logits: torch.Tensor, routing_map: torch.Tensor, k: int) -> torch.Tensor:
     """E / (k T^2) * sum_i (sum_t softmax(logits)[t, i]) * count_i, in float64 (differentiable)."""
-    num_tokens, num_experts = logits.shape
+    n_tok, n_exp = logits.shape
     scores = torch.softmax(logits.to(torch.float64), dim=-1)
     counts = routing_map.to(torch.float64).sum(0)
-    return num_experts / (k * num_tokens ** 2) * (scores.sum(0) * counts).sum()
+    return n_exp / (k * n_tok ** 2) * (scores.sum(0) * counts).sum()
 
 
 def _gaps_ok(values: list[float], keep: int, eps: float) -> bool:
@@ -332,16 +331,16 @@ def dense_moe_reference(x, router_weight, expert_weights, *, k, capacity_factor=
     and differentiable in `x`, `router_weight` and every expert weight.
     """
     logits = x.to(torch.float64) @ router_weight.to(torch.float64).t()  # [T, E]
-    num_tokens, num_experts = logits.shape
+    n_tok, n_exp = logits.shape
     selected = _ref_topk(logits.detach(), k)
-    routing_map = _map_from(selected, num_tokens, num_experts)
+    routing_map = _map_from(selected, n_tok, n_exp)
     probs = _ref_probs(logits, selected)
     aux = _ref_aux(logits, routing_map, k)  # counts before any drop
     kept = routing_map
     if capacity_factor is not None:
         kept = _ref_capacity(probs.detach(), routing_map, k, capacity_factor)
     weights = probs * kept
-    out = torch.zeros(num_tokens, x.shape[1], dtype=torch.float64)
+    out = torch.zeros(n_tok, x.shape[1], dtype=torch.float64)
     for e, (w1, w2) in enumerate(expert_weights):
         y = F.gelu(x.to(torch.float64) @ w1.to(torch.float64).t()) @ w2.to(torch.float64).t()  # [T, h]
         out = out + weights[:, e:e + 1] * y
@@ -1127,7 +1126,7 @@ def check_token_dropping(apply_router_token_dropping, *, num_tokens: int = 12, n
     the gradient reaches `probs` only where kept.
     """
     gen = torch.Generator().manual_seed(seed)
-    capacity = math.ceil(num_tokens * k / num_experts * capacity_factor)
+    limit = math.ceil(num_tokens * k / num_experts * capacity_factor)  # what each expert keeps
     for _ in range(200):
         logits = torch.randn(num_tokens, num_experts, generator=gen, dtype=torch.float64) * 2
         if ties:
@@ -1135,12 +1134,12 @@ def check_token_dropping(apply_router_token_dropping, *, num_tokens: int = 12, n
         selected = _ref_topk(logits, k)
         routing_map = _map_from(selected, num_tokens, num_experts)
         probs64 = _ref_probs(logits, selected)
-        margins = all(_gaps_ok([p for p, m in zip(col, mc) if m], capacity, 1e-6) or ties
+        margins = all(_gaps_ok([p for p, m in zip(col, mc) if m], limit, 1e-6) or ties
                       for col, mc in zip(probs64.t().tolist(), routing_map.t().tolist()))
         if margins and all(_gaps_ok(row, k, 1e-3) for row in logits.tolist()):
             break
     ctx = (f"apply_router_token_dropping(probs [{num_tokens}, {num_experts}] {dtype_name(dtype)}, k={k}, "
-           f"capacity_factor={capacity_factor}): capacity {capacity} per expert")
+           f"capacity_factor={capacity_factor}): capacity {limit} per expert")
     probs = probs64.to(dtype).requires_grad_()
     out_probs, kept = _unpack(apply_router_token_dropping(probs, routing_map.clone(), k=k,
                                                           capacity_factor=capacity_factor), 2, ctx)
@@ -1152,7 +1151,7 @@ def check_token_dropping(apply_router_token_dropping, *, num_tokens: int = 12, n
         raise CheckFailure(
             f"{ctx}: expert {e} keeps tokens {kept[:, e].nonzero().flatten().tolist()}, expected "
             f"{want[:, e].nonzero().flatten().tolist()}. Its candidates (token, probability): {cand}: keep the "
-            f"{capacity} highest probabilities, the earlier token among equal ones.")
+            f"{limit} highest probabilities, the earlier token among equal ones.")
     _check_tensor(out_probs, f"{ctx}: probs", probs.shape, dtype=dtype, grad=True)
     assert_close(out_probs.detach(), (probs64 * want).to(dtype), name=f"{ctx}: probs (kept ones unchanged, not "
                  f"renormalised; 0 for dropped)")
