@@ -339,3 +339,57 @@ def _skips(rank, world_size):
 def test_guard_reports_a_rank_that_skips_an_all_to_all():
     with pytest.raises(DistributedError, match=r"rank\(s\) \[1\] returned from the rank program without calling it"):
         run_distributed(_skips, 2, timeout=10)
+
+
+class MegatronStyleDispatcher(AllToAllTokenDispatcher):
+    """A correct dispatcher written differently, as Megatron-LM now does it: counts all-gathered (not
+    all-to-all'ed), the probabilities sent along with the tokens (before them, here) and applied at the
+    expert side, `unpermute` without probabilities. The checks must accept it."""
+
+    def dispatch(self, hidden_states, probs, routing_map):
+        w, local = self.ep_size, self.num_local_experts
+        rank = self.ep_group.rank()
+        mine = routing_map.sum(dim=0).to(torch.int64)  # [E]
+        everyone = torch.empty(w * self.num_experts, dtype=torch.int64)
+        dist.all_gather_single(everyone, mine, group=self.ep_group)  # [w * E]
+        counts = everyone.view(w, self.num_experts)[:, rank * local:(rank + 1) * local]  # [w, E/w]
+        input_splits = mine.view(w, local).sum(1).tolist()
+        output_splits = counts.sum(1).tolist()
+        permuted, sorted_indices = permute(hidden_states, routing_map)
+        permuted_probs = probs.t().contiguous().masked_select(routing_map.t().contiguous())
+        got_probs = all_to_all(permuted_probs, output_split_sizes=output_splits, input_split_sizes=input_splits,
+                               group=self.ep_group)
+        received = all_to_all(permuted, output_split_sizes=output_splits, input_split_sizes=input_splits,
+                              group=self.ep_group)
+        order = torch.arange(w * local).view(w, local).t().reshape(-1).tolist()
+        sizes = counts.reshape(-1).tolist()
+        self._state = {"counts": counts, "input_splits": input_splits, "output_splits": output_splits,
+                       "sorted_indices": sorted_indices, "routing_map": routing_map, "dtype": hidden_states.dtype,
+                       "probs": sort_chunks_by_idxs(got_probs.unsqueeze(-1), sizes, order)}
+        return sort_chunks_by_idxs(received, sizes, order), counts.sum(0)
+
+    def combine(self, expert_output):
+        st = self._state
+        w, local = self.ep_size, self.num_local_experts
+        weighted = expert_output * st["probs"]  # probabilities applied at the expert side
+        back = torch.arange(local * w).view(local, w).t().reshape(-1).tolist()
+        x = sort_chunks_by_idxs(weighted, st["counts"].t().reshape(-1).tolist(), back)
+        x = all_to_all(x, output_split_sizes=st["input_splits"], input_split_sizes=st["output_splits"],
+                       group=self.ep_group)
+        return unpermute(x, st["sorted_indices"], None, st["routing_map"]).to(st["dtype"])
+
+
+def test_checks_accept_a_megatron_style_dispatcher():
+    checks.check_dispatch(MegatronStyleDispatcher, world_size=2, num_experts=4, num_tokens=12, k=2)
+    checks.check_dispatch(MegatronStyleDispatcher, world_size=4, ep_size=2, num_experts=4, num_tokens=20, k=2,
+                          pattern="one_way")
+    checks.check_combine(MegatronStyleDispatcher, world_size=2, num_experts=4, num_tokens=12, k=2)
+    checks.check_dispatcher_communication(MegatronStyleDispatcher, world_size=4, num_experts=8, num_tokens=16, k=2)
+
+    class Layer(MoELayer):
+        def __init__(self, *args, ep_group, **kwargs):
+            super().__init__(*args, ep_group=ep_group, **kwargs)
+            self.token_dispatcher = MegatronStyleDispatcher(self.token_dispatcher.num_experts, ep_group=ep_group)
+
+    checks.check_moe_layer(Layer, world_size=2, num_experts=4, k=2, num_tokens=12)
+    checks.check_moe_layer(Layer, world_size=2, num_experts=4, k=2, num_tokens=12, capacity_factor=1.0)

@@ -1059,11 +1059,14 @@ def _expect_dispatcher_comm(records, *, rank, ctx, case, exp, combine, backward)
         raise CheckFailure(f"rank {rank} ({ctx}): unexpected communication in forward: "
                            f"{'; '.join(r.describe() for r in others)}. {trace}")
     dispatch = (send, recv, (sum(send), hidden), dtype)
-    want = [dispatch]
     got = [(tuple(r.input_split_sizes or ()), tuple(r.output_split_sizes or ()), tuple(r.shape), r.dtype)
            for r in floats]
-    probs_a2a = [g for g in got[1:] if g[0] == send and g[1] == recv and g[2] in ((sum(send),), (sum(send), 1))]
-    want += probs_a2a[:1]
+    # the dispatch side: the tokens, and optionally the probabilities (same splits), in either order
+    head = got[:-1] if combine else got
+    probs_a2a = [g for g in head if g != dispatch and g[:2] == (send, recv)
+                 and g[2] in ((sum(send),), (sum(send), 1))]
+    want_head = sorted([dispatch] + probs_a2a[:1])
+    want = ([g for g in head if g in want_head] if sorted(head) == want_head else [dispatch] + probs_a2a[:1])
     if combine:
         want.append((recv, send, (sum(recv), hidden), dtype))
     if got != want:
