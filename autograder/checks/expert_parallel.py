@@ -372,8 +372,26 @@ def _first_bad_row(got_map: torch.Tensor, want_map: torch.Tensor):
     return int(bad[0]) if len(bad) else None
 
 
+def _one_rank(program, *args, timeout: float = _TIMEOUT):
+    """Run a single-process exercise in one rank process, as every check does: the student's code runs there,
+    the data (outputs, gradients) comes back, the verdict is made here (spec 3.2)."""
+    return run_distributed(program, 1, args=args, timeout=timeout)[0]
+
+
+def _router_program(rank, world_size, topk_router, logits, k, g):
+    logits = logits.clone().requires_grad_()
+    before = logits.detach().clone()
+    probs, routing_map = _unpack(topk_router(logits, k=k), 2, "topk_router(logits, k=k)")
+    out = {"probs": _cpu(probs), "map": _cpu(routing_map), "modified": not torch.equal(logits.detach(), before),
+           "requires_grad": isinstance(probs, torch.Tensor) and probs.requires_grad, "grad": None}
+    if g is not None and out["requires_grad"]:
+        (grad,) = torch.autograd.grad((probs * g.to(probs.dtype)).sum(), logits, allow_unused=True)
+        out["grad"] = _cpu(grad)
+    return out
+
+
 def check_topk_router(topk_router, *, num_tokens: int = 8, num_experts: int = 4, k: int = 2,
-                      dtype=torch.float64, seed: int = 0, ties: bool = False) -> None:
+                      dtype=torch.float64, seed: int = 0, ties: bool = False, timeout: float = _TIMEOUT) -> None:
     """`topk_router(logits, k=k)` against plain-Python top-k selection and a float64 softmax.
 
     Checked: `routing_map` is bool `[T, E]` with exactly the k largest logits of
@@ -387,39 +405,48 @@ def check_topk_router(topk_router, *, num_tokens: int = 8, num_experts: int = 4,
     gen = torch.Generator().manual_seed(seed)
     logits64 = _router_logits(gen, num_tokens, num_experts, k, ties)
     ctx = f"topk_router(logits [{num_tokens}, {num_experts}] {dtype_name(dtype)}, k={k})"
-    logits = logits64.to(dtype).requires_grad_()
-    before = logits.detach().clone()
-    probs, routing_map = _unpack(topk_router(logits, k=k), 2, ctx)
+    logits = logits64.to(dtype)
+    g = torch.randn(num_tokens, num_experts, generator=gen, dtype=torch.float64) if k >= 2 else None
+    res = _one_rank(_router_program, topk_router, logits, k, g, timeout=timeout)
+    probs, routing_map = res["probs"], res["map"]
     cdtype = _compute_dtype(dtype)
     _check_tensor(routing_map, f"{ctx}: routing_map", (num_tokens, num_experts), dtype=torch.bool)
-    selected = _ref_topk(logits.detach().to(torch.float64), k)
+    selected = _ref_topk(logits.to(torch.float64), k)
     want = _map_from(selected, num_tokens, num_experts)
-    t = _first_bad_row(routing_map.cpu(), want)
+    t = _first_bad_row(routing_map, want)
     if t is not None:
         got = routing_map[t].nonzero().flatten().tolist()
         raise CheckFailure(f"{ctx}: token {t} is routed to experts {got}, expected {sorted(selected[t])} (its logits "
                            f"{[round(v, 4) for v in logits64[t].tolist()]}: the k largest, ties toward the lower "
                            f"expert index; torch.topk's tie order is undefined, a stable sort is not)")
     _check_tensor(probs, f"{ctx}: probs", (num_tokens, num_experts), dtype=cdtype)
-    ref = _ref_probs(logits.detach(), selected)
-    assert_close(probs.detach(), ref.to(cdtype), name=f"{ctx}: probs (softmax over the selected logits, 0 elsewhere)")
-    if not torch.equal(logits.detach(), before):
+    ref = _ref_probs(logits, selected)
+    assert_close(probs, ref.to(cdtype), name=f"{ctx}: probs (softmax over the selected logits, 0 elsewhere)")
+    if res["modified"]:
         raise CheckFailure(f"{ctx}: the logits were modified in place")
     if k >= 2:
-        if not probs.requires_grad:
+        if not res["requires_grad"]:
             raise CheckFailure(f"{ctx}: probs does not require grad: the router weight would get no gradient "
                                f"through the probabilities (detach(), .data, or a tensor rebuilt from indices?)")
-        g = torch.randn(num_tokens, num_experts, generator=gen, dtype=torch.float64)
-        (grad,) = torch.autograd.grad((probs * g.to(cdtype)).sum(), logits, allow_unused=True)
-        leaf = logits.detach().to(torch.float64).requires_grad_()
-        (ref_grad,) = torch.autograd.grad((_ref_probs(leaf, selected) * g).sum(), leaf)
-        if grad is None:
+        if res["grad"] is None:
             raise CheckFailure(f"{ctx}: probs does not depend on the logits in the autograd graph")
-        assert_close(grad, ref_grad.to(dtype), name=f"{ctx}: gradient of the logits through probs")
+        leaf = logits.to(torch.float64).requires_grad_()
+        (ref_grad,) = torch.autograd.grad((_ref_probs(leaf, selected) * g).sum(), leaf)
+        assert_close(res["grad"], ref_grad.to(dtype), name=f"{ctx}: gradient of the logits through probs")
+
+
+def _aux_program(rank, world_size, load_balancing_loss, logits, routing_map, k):
+    logits = logits.clone().requires_grad_()
+    loss = load_balancing_loss(logits, routing_map.clone(), k=k)
+    out = {"loss": _cpu(loss), "requires_grad": isinstance(loss, torch.Tensor) and loss.requires_grad, "grad": None}
+    if out["requires_grad"] and loss.dim() == 0:
+        (grad,) = torch.autograd.grad(loss, logits, allow_unused=True)
+        out["grad"] = _cpu(grad)
+    return out
 
 
 def check_load_balancing_loss(load_balancing_loss, *, num_tokens: int = 8, num_experts: int = 4, k: int = 2,
-                              dtype=torch.float64, seed: int = 0) -> None:
+                              dtype=torch.float64, seed: int = 0, timeout: float = _TIMEOUT) -> None:
     """`load_balancing_loss(logits, routing_map, k=k)` = E / (k T^2) sum_i P_i count_i, value and gradient.
 
     The routing map is NOT the top-k of the logits (as after a different
@@ -434,16 +461,18 @@ def check_load_balancing_loss(load_balancing_loss, *, num_tokens: int = 8, num_e
     routing_map = _map_from(selected, num_tokens, num_experts)  # expert E-1 gets nothing
     ctx = (f"load_balancing_loss(logits [{num_tokens}, {num_experts}] {dtype_name(dtype)}, a routing map with "
            f"k={k}; counts per expert {routing_map.sum(0).tolist()})")
-    logits = logits64.to(dtype).requires_grad_()
-    loss = load_balancing_loss(logits, routing_map.clone(), k=k)
+    logits = logits64.to(dtype)
+    res = _one_rank(_aux_program, load_balancing_loss, logits, routing_map, k, timeout=timeout)
     cdtype = _compute_dtype(dtype)
-    _check_tensor(loss, ctx, (), dtype=cdtype, grad=True)
-    leaf = logits.detach().to(torch.float64).requires_grad_()
+    _check_tensor(res["loss"], ctx, (), dtype=cdtype)
+    if not res["requires_grad"]:
+        raise CheckFailure(f"{ctx} does not require grad: the autograd graph was cut (detach(), .data, "
+                           f"torch.no_grad() or a tensor rebuilt from numbers?)")
+    leaf = logits.to(torch.float64).requires_grad_()
     ref = _ref_aux(leaf, routing_map, k)
     (ref_grad,) = torch.autograd.grad(ref, leaf)
-    assert_close(loss.detach(), ref.detach().to(cdtype), name=f"{ctx}: the loss")
-    (grad,) = torch.autograd.grad(loss, logits)
-    assert_close(grad, ref_grad.to(dtype), name=f"{ctx}: gradient of the logits")
+    assert_close(res["loss"], ref.detach().to(cdtype), name=f"{ctx}: the loss")
+    assert_close(res["grad"], ref_grad.to(dtype), name=f"{ctx}: gradient of the logits")
 
 
 # ---------------------------------------------------------------------------
@@ -475,8 +504,19 @@ def _permute_case(num_tokens, num_experts, k, hidden, dtype, seed, drop):
     return gen, routing_map, order, tokens
 
 
+def _permute_program(rank, world_size, permute, tokens, routing_map, g):
+    leaf = tokens.clone().requires_grad_()
+    permuted, sorted_indices = _unpack(permute(leaf, routing_map.clone()), 2, "permute(tokens, routing_map)")
+    out = {"permuted": _cpu(permuted), "sorted_indices": _cpu(sorted_indices), "grad": None,
+           "requires_grad": isinstance(permuted, torch.Tensor) and permuted.requires_grad}
+    if out["requires_grad"] and tuple(permuted.shape) == tuple(g.shape):
+        (grad,) = torch.autograd.grad(permuted, leaf, g, allow_unused=True)
+        out["grad"] = _cpu(grad)
+    return out
+
+
 def check_permute(permute, *, num_tokens: int = 50, num_experts: int = 4, k: int = 2, hidden: int = 3,
-                  dtype=torch.float64, seed: int = 0, drop: float = 0.0) -> None:
+                  dtype=torch.float64, seed: int = 0, drop: float = 0.0, timeout: float = _TIMEOUT) -> None:
     """`permute(tokens, routing_map)` -> `(permuted [N, h], sorted_indices [N])`, expert-major and stable.
 
     Row i of the output is the token `sorted_indices[i]`; rows are grouped by
@@ -490,8 +530,9 @@ def check_permute(permute, *, num_tokens: int = 50, num_experts: int = 4, k: int
     n = len(order)
     ctx = f"permute(tokens [{num_tokens}, {hidden}] {dtype_name(dtype)}, routing_map [{num_tokens}, {num_experts}]"\
           f", {n} routed rows)"
-    leaf = tokens.clone().requires_grad_()
-    permuted, sorted_indices = _unpack(permute(leaf, routing_map.clone()), 2, ctx)
+    g = torch.randn(n, hidden, generator=gen, dtype=torch.float64).to(dtype)
+    res = _one_rank(_permute_program, permute, tokens, routing_map, g, timeout=timeout)
+    permuted, sorted_indices = res["permuted"], res["sorted_indices"]
     _check_tensor(sorted_indices, f"{ctx}: sorted_indices", (n,))
     if sorted_indices.dtype not in (torch.int64, torch.int32):
         raise CheckFailure(f"{ctx}: sorted_indices has dtype {dtype_name(sorted_indices.dtype)}, expected int64")
@@ -505,16 +546,34 @@ def check_permute(permute, *, num_tokens: int = 50, num_experts: int = 4, k: int
             f"{ctx}: sorted_indices[{i}] is token {got[i]}, expected token {want[i]}. Row {i} is row {i - first} "
             f"of expert {e}, whose tokens are {[t for t, ee in order if ee == e][:12]}...: rows are grouped by "
             f"expert (0, 1, ...), and within an expert the tokens stay in order (sort stably).")
-    _check_tensor(permuted, f"{ctx}: permuted", (n, hidden), dtype=dtype, grad=True)
-    assert_close(permuted.detach(), tokens[want], name=f"{ctx}: permuted rows (token sorted_indices[i] in row i)")
-    g = torch.randn(n, hidden, generator=gen, dtype=torch.float64).to(dtype)
-    (grad,) = torch.autograd.grad(permuted, leaf, g)
+    _check_tensor(permuted, f"{ctx}: permuted", (n, hidden), dtype=dtype)
+    if not res["requires_grad"]:
+        raise CheckFailure(f"{ctx}: permuted does not require grad: the autograd graph was cut (detach(), .data, "
+                           f"torch.no_grad() or a tensor rebuilt from numbers?)")
+    assert_close(permuted, tokens[want], name=f"{ctx}: permuted rows (token sorted_indices[i] in row i)")
     ref = torch.zeros(num_tokens, hidden, dtype=torch.float64).index_add(0, torch.tensor(want), g.double())
-    assert_close(grad, ref.to(dtype), name=f"{ctx}: gradient of the tokens (the sum of their rows' gradients)")
+    assert_close(res["grad"], ref.to(dtype), name=f"{ctx}: gradient of the tokens (the sum of their rows' gradients)")
+
+
+def _unpermute_program(rank, world_size, unpermute, rows, idx, probs, routing_map, g, tokens):
+    out = {}
+    for weighted in (True, False):
+        r = rows.clone().requires_grad_()
+        p = probs.clone().requires_grad_() if weighted else None
+        y = unpermute(r, idx.clone(), p, routing_map.clone())
+        res = {"out": _cpu(y), "requires_grad": isinstance(y, torch.Tensor) and y.requires_grad,
+               "grad_rows": None, "grad_probs": None}
+        if res["requires_grad"] and tuple(y.shape) == tuple(g.shape):
+            grads = torch.autograd.grad(y, (r, p) if weighted else (r,), g.to(y.dtype), allow_unused=True)
+            res["grad_rows"] = _cpu(grads[0])
+            res["grad_probs"] = _cpu(grads[1]) if weighted else None
+        out[weighted] = res
+    out["round_trip"] = _cpu(unpermute(tokens[idx], idx.clone(), routing_map.to(tokens.dtype), routing_map.clone()))
+    return out
 
 
 def check_unpermute(unpermute, *, num_tokens: int = 50, num_experts: int = 4, k: int = 2, hidden: int = 3,
-                    dtype=torch.float64, seed: int = 0, drop: float = 0.0) -> None:
+                    dtype=torch.float64, seed: int = 0, drop: float = 0.0, timeout: float = _TIMEOUT) -> None:
     """`unpermute(permuted, sorted_indices, probs, routing_map)` -> `[T, h]`, the weighted sum of each token's rows.
 
     Row i (token `sorted_indices[i]`, expert from permute's expert-major order)
@@ -529,6 +588,8 @@ def check_unpermute(unpermute, *, num_tokens: int = 50, num_experts: int = 4, k:
     rows64 = torch.randn(n, hidden, generator=gen, dtype=torch.float64)
     probs64 = torch.rand(num_tokens, num_experts, generator=gen, dtype=torch.float64) * routing_map
     g64 = torch.randn(num_tokens, hidden, generator=gen, dtype=torch.float64)
+    results = _one_rank(_unpermute_program, unpermute, rows64.to(dtype), idx, probs64.to(dtype), routing_map,
+                        g64.to(dtype), tokens, timeout=timeout)
 
     def reference(rows, probs):
         out = [torch.zeros(hidden, dtype=torch.float64) for _ in range(num_tokens)]
@@ -538,27 +599,22 @@ def check_unpermute(unpermute, *, num_tokens: int = 50, num_experts: int = 4, k:
 
     for weighted in (True, False):
         case = f"{ctx}, probs={'given' if weighted else 'None'}"
-        rows = rows64.to(dtype).requires_grad_()
-        probs = probs64.to(dtype).requires_grad_() if weighted else None
-        out = unpermute(rows, idx.clone(), probs, routing_map.clone())
-        _check_tensor(out, case, (num_tokens, hidden), grad=True)
-        if out.dtype != dtype:
-            raise CheckFailure(f"{case}: dtype {dtype_name(out.dtype)}, expected {dtype_name(dtype)}")
+        res = results[weighted]
+        _check_tensor(res["out"], case, (num_tokens, hidden), dtype=dtype)
+        if not res["requires_grad"]:
+            raise CheckFailure(f"{case}: the output does not require grad: the autograd graph was cut (detach(), "
+                               f".data, torch.no_grad() or a tensor rebuilt from numbers?)")
         r_rows = rows64.clone().requires_grad_()
         r_probs = probs64.clone().requires_grad_() if weighted else None
         ref = reference(r_rows, r_probs)
-        assert_close(out.detach(), ref.detach().to(dtype), name=f"{case}: output (each token's rows summed"
+        assert_close(res["out"], ref.detach().to(dtype), name=f"{case}: output (each token's rows summed"
                      + (", weighted by probs[token, expert])" if weighted else ")"))
-        inputs = (rows, probs) if weighted else (rows,)
-        grads = torch.autograd.grad(out, inputs, g64.to(dtype), allow_unused=True)
         ref_grads = torch.autograd.grad(ref, (r_rows, r_probs) if weighted else (r_rows,), g64)
-        assert_close(grads[0], ref_grads[0].to(dtype), name=f"{case}: gradient of the permuted rows")
+        assert_close(res["grad_rows"], ref_grads[0].to(dtype), name=f"{case}: gradient of the permuted rows")
         if weighted:
-            assert_close(grads[1], ref_grads[1].to(dtype), name=f"{case}: gradient of probs")
-    ones = routing_map.to(dtype)
-    round_trip = unpermute(tokens[idx], idx.clone(), ones, routing_map.clone())
+            assert_close(res["grad_probs"], ref_grads[1].to(dtype), name=f"{case}: gradient of probs")
     expected = tokens.double() * routing_map.sum(1, keepdim=True).double()
-    assert_close(_cpu(round_trip), expected.to(dtype),
+    assert_close(results["round_trip"], expected.to(dtype),
                  name=f"{ctx}: round trip unpermute(permute(x)) with probs = 1 (x times its number of experts)")
 
 
@@ -1117,9 +1173,22 @@ def _check_splits_across_ranks(results, groups, ctx) -> None:
 # Exercise 5: token dropping (single process)
 # ---------------------------------------------------------------------------
 
+def _drop_program(rank, world_size, apply_router_token_dropping, probs, routing_map, k, capacity_factor, g):
+    probs = probs.clone().requires_grad_()
+    out_probs, kept = _unpack(apply_router_token_dropping(probs, routing_map.clone(), k=k,
+                                                          capacity_factor=capacity_factor), 2,
+                              "apply_router_token_dropping(probs, routing_map, k=k, capacity_factor=cf)")
+    out = {"probs": _cpu(out_probs), "kept": _cpu(kept), "grad": None,
+           "requires_grad": isinstance(out_probs, torch.Tensor) and out_probs.requires_grad}
+    if out["requires_grad"] and tuple(out_probs.shape) == tuple(g.shape):
+        (grad,) = torch.autograd.grad(out_probs, probs, g, allow_unused=True)
+        out["grad"] = _cpu(grad)
+    return out
+
+
 def check_token_dropping(apply_router_token_dropping, *, num_tokens: int = 12, num_experts: int = 4, k: int = 2,
                          capacity_factor: float = 1.0, dtype=torch.float64, seed: int = 0,
-                         ties: bool = False) -> None:
+                         ties: bool = False, timeout: float = _TIMEOUT) -> None:
     """`apply_router_token_dropping(probs, routing_map, k=k, capacity_factor=cf)` -> `(probs * kept, kept)`.
 
     Each expert keeps its `ceil(T k / E cf)` highest-probability tokens (the
@@ -1143,9 +1212,10 @@ def check_token_dropping(apply_router_token_dropping, *, num_tokens: int = 12, n
             break
     ctx = (f"apply_router_token_dropping(probs [{num_tokens}, {num_experts}] {dtype_name(dtype)}, k={k}, "
            f"capacity_factor={capacity_factor}): capacity {limit} per expert")
-    probs = probs64.to(dtype).requires_grad_()
-    out_probs, kept = _unpack(apply_router_token_dropping(probs, routing_map.clone(), k=k,
-                                                          capacity_factor=capacity_factor), 2, ctx)
+    g = torch.randn(num_tokens, num_experts, generator=gen, dtype=torch.float64).to(dtype)
+    res = _one_rank(_drop_program, apply_router_token_dropping, probs64.to(dtype), routing_map, k, capacity_factor,
+                    g, timeout=timeout)
+    out_probs, kept = res["probs"], res["kept"]
     want = _ref_capacity(probs64, routing_map, k, capacity_factor)
     _check_tensor(kept, f"{ctx}: the kept routing map", want.shape, dtype=torch.bool)
     if not torch.equal(kept.cpu(), want):
@@ -1155,12 +1225,13 @@ def check_token_dropping(apply_router_token_dropping, *, num_tokens: int = 12, n
             f"{ctx}: expert {e} keeps tokens {kept[:, e].nonzero().flatten().tolist()}, expected "
             f"{want[:, e].nonzero().flatten().tolist()}. Its candidates (token, probability): {cand}: keep the "
             f"{limit} highest probabilities, the earlier token among equal ones.")
-    _check_tensor(out_probs, f"{ctx}: probs", probs.shape, dtype=dtype, grad=True)
-    assert_close(out_probs.detach(), (probs64 * want).to(dtype), name=f"{ctx}: probs (kept ones unchanged, not "
+    _check_tensor(out_probs, f"{ctx}: probs", tuple(probs64.shape), dtype=dtype)
+    if not res["requires_grad"]:
+        raise CheckFailure(f"{ctx}: the returned probs do not require grad: the router would get no gradient "
+                           f"through them (detach() or a tensor rebuilt from numbers?)")
+    assert_close(out_probs, (probs64 * want).to(dtype), name=f"{ctx}: probs (kept ones unchanged, not "
                  f"renormalised; 0 for dropped)")
-    g = torch.randn(num_tokens, num_experts, generator=gen, dtype=torch.float64).to(dtype)
-    (grad,) = torch.autograd.grad(out_probs, probs, g)
-    assert_close(grad, g * want, name=f"{ctx}: gradient of probs (only where kept)")
+    assert_close(res["grad"], g * want, name=f"{ctx}: gradient of probs (only where kept)")
 
 
 # ---------------------------------------------------------------------------
