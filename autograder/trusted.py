@@ -290,7 +290,7 @@ class ZygoteClient:
         env.pop("PYTHONSTARTUP", None)
         if self.sandbox is not None:
             self.proc = self.sandbox.popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                           stderr=subprocess.DEVNULL, cwd=self.workdir)
+                                           stderr=subprocess.DEVNULL, cwd=self.workdir, text=True)
         else:
             self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=subprocess.DEVNULL, cwd=self.workdir, text=True,
