@@ -36,6 +36,7 @@ def _meta(cell) -> dict:
 
 def env(root: str) -> dict:
     return {**os.environ, "PYTHONPATH": root, "TORCH_CPP_LOG_LEVEL": "ERROR",
+            "AUTOGRADER_WORKDIR": os.path.join(root, ".grading-work"),  # every process of a run under `root`
             "PATH": VENV_BIN + os.pathsep + os.environ.get("PATH", "")}
 
 

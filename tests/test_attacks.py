@@ -37,6 +37,9 @@ CGROUPS = os.access("/sys/fs/cgroup/pids", os.W_OK) or os.path.exists("/sys/fs/c
 CELL = "tp_mappings"  # the answer cell the attacks are written into
 ROOT_EXPR = "__import__('os').path.dirname(__import__('os').path.dirname(__import__('autograder').__file__))"
 
+# each test grades a class (or runs the whole catalogue in its fixture)
+pytestmark = pytest.mark.timeout(3600)
+
 
 @dataclass
 class Case:
@@ -110,7 +113,7 @@ CASES = [
          "        open(" + ROOT_EXPR + " + _f, 'w').write('pwned')\n    except OSError:\n        pass", 12),
     Case("reaches_the_network", "reference",
          "import socket as _so\ntry:\n    _so.create_connection(('pypi.org', 443), timeout=3)\n"
-         "    print('NETWORK REACHED')\nexcept OSError as _e:\n    print('no network:', type(_e).__name__)", 12),
+         "    print('NETWORK', 'REACHED', sep='_')\nexcept OSError as _e:\n    print('no network:', type(_e).__name__)", 12),
     Case("returns_a_pickle_that_runs_code", "reference",
          "import torch as _t\nclass _Evil(_t.Tensor):\n    def __reduce_ex__(self, proto):\n"
          "        return (open, ('/tmp/pwned-" + TOKEN + "', 'w'))\n_orig_copy = copy_to_tensor_model_parallel_region\n"
@@ -227,8 +230,20 @@ def test_each_case_gets_its_honest_score(graded, case):
     assert os.path.exists(feedback), "no feedback"
     html = open(feedback, encoding="utf-8").read()
     assert len(html) < 3_000_000, f"feedback of {len(html)} characters"
-    for secret in ("### BEGIN SOLUTION", "dist.all_reduce(output, group=group)", "BEGIN HIDDEN TESTS", "NETWORK REACHED"):
+    for secret in ["### BEGIN SOLUTION", "BEGIN HIDDEN TESTS", "NETWORK_REACHED", *_secrets(course)]:
         assert secret not in html, f"the feedback of {case.name} shows {secret!r}"
+
+
+def _secrets(course: str) -> list[str]:
+    """Text only the course root holds: the solution module's first line, the hidden tests' lines."""
+    import nbformat
+
+    from course import secret_lines
+
+    with open(os.path.join(course, "solutions", "tensor_parallel.py"), encoding="utf-8") as f:
+        first = f.readline().strip().strip('"')
+    source = nbformat.read(os.path.join(course, "source", A, notebook_name(course)), as_version=4)
+    return [first] + [line for line in secret_lines(source)[1] if len(line) > 20]
 
 
 def test_the_honest_reference_among_them_gets_full_marks(graded):
@@ -245,7 +260,7 @@ def test_nothing_is_left_behind_and_nothing_changes_afterwards(graded):
     assert not os.path.exists(f"/tmp/pwned-{TOKEN}"), "the grader ran code sent back by a submission"
     for f in ("release/PWNED", "source/PWNED"):
         assert not os.path.exists(os.path.join(course, f))
-    leftover = _processes_mentioning(course, "autograder-02_tensor_parallel-", "_zygote_main")
+    leftover = _processes_mentioning(course)
     assert not leftover, "processes left behind:\n" + "\n".join(leftover)
     lock = open(os.path.join(course, ".autograde.lock")).read()
     assert lock == "", f"the lock is still held: {lock}"

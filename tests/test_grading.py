@@ -30,6 +30,9 @@ from grading_course import (A, clear_results, edit, gradebook, make_mini_course,
 
 WRONG = ("return _reduce(grad_output, ctx.group), None", "return grad_output, None")  # f's backward forgotten
 
+# each test grades a class (or runs the whole catalogue in its fixture)
+pytestmark = pytest.mark.timeout(3600)
+
 
 @pytest.fixture(scope="module")
 def course(tmp_path_factory):
