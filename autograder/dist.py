@@ -245,6 +245,10 @@ def _rank_main(payload, rank: int, world_size: int, workdir: str, backend: str, 
     sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", buffering=0), write_through=True)
     sys.stderr = io.TextIOWrapper(os.fdopen(2, "wb", buffering=0), write_through=True)
     _set_parent_death_signal()
+    try:  # a process group of its own: whatever the rank starts is killed with it (autograder.dist._RankProcess)
+        os.setpgid(0, 0)
+    except OSError:
+        pass
     stack_file = open(os.path.join(workdir, f"rank{rank}.stack"), "w")
     faulthandler.enable(file=stack_file, all_threads=True)  # segfaults: write the stack
     if hasattr(faulthandler, "register"):
@@ -482,6 +486,11 @@ class _RankProcess:
         return self._popen.poll()
 
     def kill(self):
+        """Kill the rank and every process it started (its process group), finished or not."""
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError, OSError):
+            pass
         try:
             if self._proc is not None:
                 if self._proc.is_alive():

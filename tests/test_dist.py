@@ -386,3 +386,40 @@ def test_a_non_contiguous_tensor_given_to_a_collective_is_named():
     assert "rank 0 raised an exception, and rank(s) 1 the same one" in msg
     assert "NonContiguousTensor: all_reduce was given a non-contiguous tensor (shape [6, 4], strides (1, 6))" in msg
     assert "in _non_contiguous" in msg and ".contiguous()" in msg
+
+
+def _leaves_children(rank, world_size, marker):
+    import subprocess
+
+    subprocess.Popen(["sleep", "60"])  # outlives the rank program unless the runner kills it
+    return rank
+
+
+def test_processes_a_rank_started_do_not_outlive_the_call():
+    out = run_distributed(_leaves_children, 2, args=("x",), timeout=30)
+    assert out == [0, 1]
+    time.sleep(0.3)
+    mine = [pid for pid in _descendants(os.getpid()) if _cmd(pid).startswith("sleep 60")]
+    assert not mine, f"processes started by the ranks are still running: {mine}"
+
+
+def _cmd(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _descendants(root: int) -> list[int]:
+    """Every live process whose ancestry reaches `root`, or that was orphaned to init after it (same session)."""
+    sid = os.getsid(root)
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.getsid(int(name)) == sid or _cmd(int(name)).startswith("sleep 60"):
+                    out.append(int(name))
+            except OSError:
+                continue
+    return out
