@@ -7,6 +7,7 @@
     python -m autograder.grade export 02_tensor_parallel --gradescope out/ --csv grades.csv
     python -m autograder.grade demo                                      # sample submissions, graded, the table
     python -m autograder.grade student-package                           # dist/llm-parallelism-course.tar.gz
+    python -m autograder.grade gradescope-package 02_tensor_parallel     # dist/gradescope-02_tensor_parallel.zip
 
 Run from the course root (where nbgrader_config.py is). `autograde` grades
 each submission in a sandbox, in parallel (autograder.classrun: nbgrader's
@@ -272,6 +273,9 @@ def main(argv=None) -> int:
     p_exp.add_argument("--csv", default=None, help="nbgrader's grade export (CSV) to this file")
     p_pkg = sub.add_parser("student-package", help="write the student archive (notebooks, lessons, wheel)")
     p_pkg.add_argument("--out", default="dist", help="folder for the archive (default: dist)")
+    p_gs = sub.add_parser("gradescope-package", help="a Gradescope autograder zip for one assignment")
+    p_gs.add_argument("assignment")
+    p_gs.add_argument("--out", default="dist", help="folder for the zip (default: dist)")
     args = parser.parse_args(argv)
     root = course_root()
 
@@ -280,6 +284,12 @@ def main(argv=None) -> int:
 
         archive = build_student_package(root, os.path.join(root, args.out))
         print(f"wrote {os.path.relpath(archive, root)}: unpack it, then follow its README.md")
+        return 0
+    if args.cmd == "gradescope-package":
+        from autograder.package import build_gradescope_package
+
+        path = build_gradescope_package(root, args.assignment, os.path.join(root, args.out))
+        print(f"wrote {os.path.relpath(path, root)}: upload it as the assignment's autograder on Gradescope")
         return 0
     if args.cmd == "scores":
         rows = _with_gradebook_retry(lambda: gradebook_rows(root), "read the gradebook")

@@ -205,3 +205,30 @@ def test_a_second_grading_command_is_told_who_holds_the_lock(course):
         proc = run_grade(course, "autograde", A, "--quiet")
     assert proc.returncode != 0 and time.monotonic() - t0 < 30
     assert "another grading command holds the course's lock (pid" in proc.stdout + proc.stderr
+
+
+def test_the_course_runs_as_a_gradescope_autograder(course, tmp_path):
+    """The zip Gradescope takes; its run_autograder's command on an upload; results.json per Gradescope's format."""
+    proc = run_grade(course, "gradescope-package", A, "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with zipfile.ZipFile(tmp_path / f"gradescope-{A}.zip") as z:
+        names = z.namelist()
+        z.extractall(tmp_path / "autograder" / "source")
+        run = z.read("run_autograder").decode()
+    assert {"setup.sh", "run_autograder"} <= set(names)
+    assert any(n.startswith("wheels/") and n.endswith(".whl") for n in names)
+    assert not [n for n in names if n.startswith(("solutions/", "tests/"))]
+    assert f"-m autograder.gradescope {A} --course /autograder/source" in run
+    for student, nb, expected in (("ref", reference(course), 12), ("stub", release(course), 0)):
+        upload = tmp_path / "autograder" / f"submission-{student}"
+        upload.mkdir()
+        (upload / "my_lab.ipynb").write_text(json.dumps(nb))  # Gradescope keeps the student's file name
+        results = tmp_path / f"results-{student}.json"
+        env = dict(__import__("grading_course").env(course), PYTHONPATH="")  # only the installed autograder
+        proc = subprocess.run([sys.executable, "-m", "autograder.gradescope", A, "--course",
+                               str(tmp_path / "autograder" / "source"), "--submission", str(upload), "--results",
+                               str(results)], env=env, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        data = json.loads(results.read_text())
+        assert data["score"] == expected and len(data["tests"]) == 2
+        assert all(t["name"].startswith("Exercise 1 \u00b7 ") for t in data["tests"])
