@@ -114,6 +114,8 @@ def _stub_name(exc: BaseException) -> str | None:
     """The student function that is still a stub, if `exc` comes from one; None otherwise."""
     if hasattr(exc, "failures"):  # a DistributedError: every rank that raised is stuck in a stub
         return getattr(exc, "stub", "") or None
+    if getattr(exc, "record", None) is not None:  # raised by the student's code in the trusted grader's zygote
+        return getattr(exc, "stub", "") or None
     if isinstance(exc, NotImplementedError):
         frames = student_frames(exc.__traceback__)
         from autograder.dist import STUB_LINE

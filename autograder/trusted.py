@@ -70,26 +70,48 @@ def safe_load(data: bytes):
         return torch.load(io.BytesIO(data), weights_only=True)
 
 
-class StudentRef:
-    """Stands, in the grader, for a name the student's notebook defines; resolved in the zygote's ranks.
+# In the zygote (and the ranks it forks): the namespace the student's cells ran in.
+_NAMESPACE: dict | None = None
 
-    Calling it in the grader runs the student's function in the zygote and
-    returns its (data) result. Anything else (an attribute, an instance) is
-    not available here: checks hand student code to rank programs instead.
+
+class StudentRef:
+    """Stands, in the grader, for a name the student's notebook defines; the real thing in the zygote.
+
+    In the zygote and its ranks it behaves as the student's object of that
+    name (calls and attributes go to it), wherever it travelled: an argument,
+    a closure of a check's helper, a global of a given cell's function. In
+    the grader, calling it runs the student's function in the zygote and
+    returns its (data) result; its exceptions come back as the same built-in
+    type (a `ValueError` stays a `ValueError`). Nothing else of it is
+    available in the grader: checks hand student code to rank programs.
     """
 
     def __init__(self, name: str):
         self.__name__ = name
         self.__qualname__ = name
 
+    def _target(self):
+        try:
+            return _NAMESPACE[self.__name__]
+        except KeyError:
+            raise NameError(f"name {self.__name__!r} is not defined: did the answer cell that defines it run "
+                            f"without an error?") from None
+
     def __repr__(self) -> str:
         return f"<your {self.__name__}>"
 
     def __call__(self, *args, **kwargs):
+        if _NAMESPACE is not None:
+            return self._target()(*args, **kwargs)
         client = _CLIENT.get("client")
         if client is None:
             raise RuntimeError(f"{self.__name__} is a stand-in for the student's code; no zygote is running")
         return client.call(self.__name__, args, kwargs)
+
+    def __getattr__(self, attr):
+        if attr.startswith("__") or _NAMESPACE is None:
+            raise AttributeError(f"{self!r} has no attribute {attr!r} in the grader")
+        return getattr(self._target(), attr)
 
     def __reduce__(self):
         return (StudentRef, (self.__name__,))
@@ -123,6 +145,28 @@ class RemoteError(Exception):
 
 class RemoteNotImplemented(RemoteError, NotImplementedError):
     """RemoteError for a NotImplementedError (a stub, or a deliberately unsupported case)."""
+
+
+_REMOTE_TYPES: dict = {"NotImplementedError": RemoteNotImplemented}
+
+
+def remote_exception(record: dict) -> RemoteError:
+    """The exception to raise in the grader for one the student's code raised in the zygote: of the same
+    built-in type where it was one (a check that expects ValueError sees a ValueError), else RemoteError."""
+    import builtins
+
+    name = record.get("type", "")
+    cls = _REMOTE_TYPES.get(name)
+    if cls is None:
+        base = getattr(builtins, name, None)
+        if isinstance(base, type) and issubclass(base, Exception) and base not in (BaseException,):
+            cls = _REMOTE_TYPES[name] = type(f"Remote{name}", (RemoteError, base), {"__module__": __name__})
+        else:
+            cls = RemoteError
+    exc = cls.__new__(cls)
+    RemoteError.__init__(exc, record)
+    exc.args = (record.get("message", ""),)
+    return exc
 
 
 # ---------------------------------------------------------------------------
@@ -182,6 +226,8 @@ def _zygote_main(workdir: str, notebook_path: str, output_limit: int, skip_path:
         with open(skip_path, encoding="utf-8") as f:
             skip = frozenset(json.load(f))
     namespace: dict = {"__name__": "__main__", "__builtins__": __builtins__}
+    global _NAMESPACE
+    _NAMESPACE = namespace  # StudentRefs arriving here (and in the forked ranks) are the student's objects
     cell_errors = []
     for filename, src in _executable_cells(nb, skip):
         linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
@@ -403,8 +449,7 @@ class ZygoteClient:
         value, err = self._request("call", (name, args, kwargs), 60.0)
         if err is None:
             return value
-        cls = RemoteNotImplemented if err.get("type") == "NotImplementedError" else RemoteError
-        raise cls(err)
+        raise remote_exception(err)
 
 
 class _LineReader:
