@@ -278,9 +278,9 @@ def build() -> NotebookBuilder:
     check_ring_attention(ring_attention, world_size=4, causal=False, timeout=5)
     """, hidden="""
     check_ring_attention(ring_attention, world_size=1, causal=True, seed=1)
-    check_ring_attention(ring_attention, world_size=3, causal=True, seq=9, n_heads=2, seed=2, timeout=5)
+    check_ring_attention(ring_attention, world_size=3, causal=True, seq=9, n_heads=2, logit_scale=900.0, seed=2,
+                         timeout=5)
     check_ring_attention(ring_attention, world_size=4, cp_size=2, causal=True, seed=3, timeout=5)
-    check_ring_attention(ring_attention, world_size=2, causal=True, logit_scale=900.0, seed=4)
     check_ring_attention(ring_attention, world_size=2, causal=False, dtype=torch.float32, seed=5)
     """)
     nb.test("test_ring_overlap", 6,
@@ -288,7 +288,7 @@ def build() -> NotebookBuilder:
             visible="""
     check_ring_overlap(ring_attention, world_size=2)
     """, hidden="""
-    check_ring_overlap(ring_attention, world_size=4, causal=True, seed=1, timeout=5)
+    check_ring_overlap(ring_attention, world_size=4, seq=12, n_heads=2, seed=1, timeout=5)
     """)
 
     # -- exercise 4 ----------------------------------------------------------------
@@ -340,8 +340,7 @@ def build() -> NotebookBuilder:
     check_ring_attention(ring_attention, world_size=1, causal=False, backward=True, seed=1)
     check_ring_attention(ring_attention, world_size=3, causal=True, seq=9, n_heads=2, backward=True, seed=2,
                          timeout=5)
-    check_ring_attention(ring_attention, world_size=4, causal=True, n_heads=3, backward=True, seed=3, timeout=5)
-    check_ring_attention(ring_attention, world_size=4, cp_size=2, causal=False, backward=True, seed=4, timeout=5)
+    check_ring_attention(ring_attention, world_size=4, cp_size=2, causal=True, backward=True, seed=4, timeout=5)
     """)
 
     # -- exercise 5 ----------------------------------------------------------------
@@ -392,12 +391,11 @@ def build() -> NotebookBuilder:
             doc="zigzag_ring_attention: out, lse, dq, dk, dv equal causal attention in the zigzag layout; same P2P as the ring.",
             visible="""
     check_zigzag_ring_attention(zigzag_ring_attention, world_size=2)
-    check_zigzag_ring_attention(zigzag_ring_attention, world_size=4, seq=16, timeout=5)
+    check_zigzag_ring_attention(zigzag_ring_attention, world_size=4, seq=8, timeout=5)
     """, hidden="""
     check_zigzag_ring_attention(zigzag_ring_attention, world_size=1, seq=4, seed=1)
     check_zigzag_ring_attention(zigzag_ring_attention, world_size=3, seq=12, n_heads=2, seed=2, timeout=5)
     check_zigzag_ring_attention(zigzag_ring_attention, world_size=4, cp_size=2, seed=3, timeout=5)
-    check_zigzag_ring_attention(zigzag_ring_attention, world_size=2, dtype=torch.float32, seed=4)
     """)
     nb.test("test_zigzag_balance", 5,
             doc="FlopCounterMode: zigzag ranks do equal work, and its busiest rank less than the contiguous layout's.",
@@ -405,7 +403,6 @@ def build() -> NotebookBuilder:
     check_zigzag_balance(zigzag_ring_attention, ring_attention, world_size=2)
     """, hidden="""
     check_zigzag_balance(zigzag_ring_attention, ring_attention, world_size=4, seq=16, seed=1, timeout=5)
-    check_zigzag_balance(zigzag_ring_attention, ring_attention, world_size=3, seq=12, seed=2, timeout=5)
     """)
     nb.markdown("""
     ### Pictures: where the work goes, measured from your run
@@ -420,7 +417,7 @@ def build() -> NotebookBuilder:
     step. Run them once exercises 3-5 pass.
     """)
     nb.code("""
-    measured = measure_ring_layouts(ring_attention, zigzag_ring_attention, world_size=4)
+    measured = measure_ring_layouts(ring_attention, zigzag_ring_attention, world_size=4, seq=16)
     plot_ring_steps(ring_attention, zigzag_ring_attention, measured=measured)
     """)
     nb.code("""
@@ -452,7 +449,6 @@ def build() -> NotebookBuilder:
             visible="""
     check_seq_all_to_all(seq_all_to_all, world_size=2)
     """, hidden="""
-    check_seq_all_to_all(seq_all_to_all, world_size=4, shape=(2, 4, 8, 3), seed=1)
     check_seq_all_to_all(seq_all_to_all, world_size=4, shape=(2, 8, 4, 3), scatter_dim=1, gather_dim=2, seed=2)
     check_seq_all_to_all(seq_all_to_all, world_size=3, shape=(1, 3, 6, 2), seed=3)
     check_seq_all_to_all(seq_all_to_all, world_size=1, seed=4)
@@ -476,16 +472,12 @@ def build() -> NotebookBuilder:
     check_ulysses_attention(ulysses_attention, world_size=4, causal=False)
     """, hidden="""
     check_ulysses_attention(ulysses_attention, world_size=1, causal=True, seed=1)
-    check_ulysses_attention(ulysses_attention, world_size=4, causal=True, seq=8, n_heads=8, head_dim=2, seed=2)
-    check_ulysses_attention(ulysses_attention, world_size=3, causal=True, seq=9, n_heads=3, seed=3)
-    check_ulysses_attention(ulysses_attention, world_size=2, causal=False, dtype=torch.float32, seed=4)
+    check_ulysses_attention(ulysses_attention, world_size=3, causal=True, seq=9, n_heads=6, head_dim=2, seed=3)
     """)
     nb.test("test_ulysses_errors", 3,
             doc="Heads or a scattered dim not divisible by the group size, or no ProcessGroup: ValueError before any communication.",
             visible="""
     check_ulysses_errors(ulysses_attention, seq_all_to_all, world_size=2)
-    """, hidden="""
-    check_ulysses_errors(ulysses_attention, seq_all_to_all, world_size=4)
     """)
 
     # -- what it costs at scale ----------------------------------------------------
