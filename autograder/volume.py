@@ -119,14 +119,16 @@ def cp_ulysses_bytes(s: int, b: int, hidden: int, kv_hidden: int, w: int, *,
     return {"forward": fwd, "backward": fwd, "total": 2 * fwd}
 
 
-def cp_allgather_bytes(s: int, b: int, kv_hidden: int, w: int, *, bytes_per_element: int = 2) -> dict[str, float]:
-    """All-gathered K/V (Megatron `--cp-comm-type allgather`, Llama 3): all-gather K and V to [b, s, kv] in
-    forward; in backward all-gather them again (not kept) and reduce-scatter dK and dV."""
+def cp_allgather_bytes(s: int, b: int, kv_hidden: int, w: int, *, bytes_per_element: int = 2,
+                       regather: bool = True) -> dict[str, float]:
+    """All-gathered K/V (Megatron `--cp-comm-type all_gather`, Llama 3): all-gather K and V to [b, s, kv] in
+    forward; in backward reduce-scatter dK and dV, after gathering K and V again (`regather`, as
+    TransformerEngine's AttnFuncWithCPAndKVAllGather does to save memory) or keeping them from forward."""
     if w <= 1:
         return {"forward": 0.0, "backward": 0.0, "total": 0.0}
     full = b * s * kv_hidden * bytes_per_element
     fwd = 2 * ring_factor("all_gather", w) * full
-    bwd = fwd + 2 * ring_factor("reduce_scatter", w) * full
+    bwd = (fwd if regather else 0.0) + 2 * ring_factor("reduce_scatter", w) * full
     return {"forward": fwd, "backward": bwd, "total": fwd + bwd}
 
 

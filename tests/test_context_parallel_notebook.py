@@ -84,7 +84,12 @@ def test_exactly_one_demo_mutant():
     assert set(MUST_PASS) <= {m.name for m in MUTANTS}
 
 
-@pytest.mark.parametrize("m", MUTANTS, ids=[m.name for m in MUTANTS])
+# The deadlocking mutant costs a 5 s timeout per cell: its fast check is the deadlock test below.
+SLOW = {"ring_reversed_one_side"}
+
+
+@pytest.mark.parametrize("m", [pytest.param(m, id=m.name, marks=pytest.mark.exhaustive if m.name in SLOW else ())
+                               for m in MUTANTS])
 def test_mutant_is_caught(m):
     must_pass = MUST_PASS.get(m.name, set())
     results = run_graded_cells(mutant_submission(A, m), A, only=set(m.must_fail) | must_pass)
@@ -122,7 +127,7 @@ def test_builder_reproduces_the_source_notebook():
             assert f.read() == g.read(), "source notebook is stale: run assignments/04_context_parallel/_build_nb.py"
 
 
-@pytest.mark.parametrize("m", sweep(MUTANTS, always={"causal_local_positions", "zigzag_wasted_work"}))
+@pytest.mark.parametrize("m", sweep(MUTANTS, always={"zigzag_wasted_work"}))
 def test_mutant_fails_exactly_its_cells(m):
     """The whole notebook per mutant: the failing cells are exactly `must_fail` (all mutants: COURSE_EXHAUSTIVE=1)."""
     results = run_graded_cells(mutant_submission(A, m), A)
