@@ -126,6 +126,9 @@ def test_readme_numbers_are_computed():
                              (1024, H100_NODE.nvlink, 585), (1024, H100_NODE.network, 2590)):
         assert ring_overlap_min_tokens(4096, kv, link=link) == tokens
         assert f"{tokens:,}" in readme
+    # section 1: attention's FLOPs equal the linear layers' 24 b s h^2 at s = 6h; 34 s b h bytes of activations
+    assert attention_flops(6 * 4096, 6 * 4096, 1, 4096) == 24 * (6 * 4096) * 4096 ** 2 and "24,576 tokens" in readme
+    assert round(34 * 131072 * 4096 / 2 ** 30) == 17 and "17 GiB" in readme
     ring = cp_attention_seconds(8192, 1, 4096, 4096, 8, scheme="ring", link=H100_NODE.network)
     uly = cp_attention_seconds(8192, 1, 4096, 4096, 8, scheme="ulysses", link=H100_NODE.network)
     assert ring["total"] > uly["total"]  # the README's claim: short sequences across nodes favour Ulysses
