@@ -243,3 +243,17 @@ def test_pictures_are_images_of_the_measured_work():
     for pic in (checks.plot_ring_steps(None, None, measured=m), checks.plot_ring_flops(None, None, measured=m)):
         assert pic.png.startswith(b"\x89PNG") and len(pic.png) > 10_000
         assert pic._repr_png_() == pic.png
+
+
+def test_the_lessons_trace_is_the_references():
+    """02_ring_attention.md quotes rank 0's forward trace at w = 2: it is what the check prints."""
+    case, _, results = checks._run_ring(ring_attention, "contiguous", world_size=2, cp_size=None, causal=False,
+                                        batch=2, seq=8, n_heads=3, head_dim=4, dtype=torch.float64, seed=0,
+                                        logit_scale=1.0, backward=False, backend="gloo", timeout=20)
+    lines = checks._timeline(results[0]["records"], results[0]["ops"], results[0]["flops"]).splitlines()
+    lesson = open(os.path.join(ROOT, "assignments", "04_context_parallel", "02_ring_attention.md"),
+                  encoding="utf-8").read()
+    quoted = [line for line in lines if "send" in line or "recv" in line or "bmm" in line]
+    assert len(quoted) == 8
+    for line in quoted:
+        assert line.strip() in lesson, line
