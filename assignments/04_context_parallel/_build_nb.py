@@ -414,13 +414,13 @@ def build() -> NotebookBuilder:
     `FlopCounterMode`, forward and backward. With contiguous shards the
     last rank computes every block and the first only its diagonal; with
     zigzag every rank computes its diagonal block and then half a block per
-    step. Run them once exercises 3-5 pass.
+    step. Run the cell once exercises 3-5 pass.
     """)
     nb.code("""
+    from IPython.display import display
+
     measured = measure_ring_layouts(ring_attention, zigzag_ring_attention, world_size=4, seq=16)
-    plot_ring_steps(ring_attention, zigzag_ring_attention, measured=measured)
-    """)
-    nb.code("""
+    display(plot_ring_steps(ring_attention, zigzag_ring_attention, measured=measured))
     plot_ring_flops(ring_attention, zigzag_ring_attention, measured=measured)
     """)
 
