@@ -38,17 +38,17 @@ test: $(STAMP)
 demo: build
 	$(PY) -m autograder.grade demo
 
-# JupyterLab on the release notebooks, as a student would open them.
-lab: $(STAMP)
-	$(VENV)/bin/jupyter lab release/
+# JupyterLab on the student package, unpacked as a student unpacks it (notebooks and lessons side by side).
+lab: student-package
+	rm -rf build/student && mkdir -p build/student
+	tar xzf dist/llm-parallelism-course.tar.gz -C build/student
+	cd build/student/llm-parallelism-course && $(CURDIR)/$(VENV)/bin/jupyter lab
 
-# What students receive: the autograder wheel (runner, ledger, public checks), and
-# release/ with the lessons (assignments/*/*.md; the notebooks link to them).
+# What students receive: dist/llm-parallelism-course.tar.gz (release notebooks, lessons, the autograder
+# wheel; no solutions, no hidden tests). Its README.md is the student section of this README.
 student-package: $(STAMP)
-	rm -rf dist && mkdir -p dist
-	$(PY) -m pip wheel --quiet --no-deps --no-build-isolation -w dist .
-	tar czf dist/course-release.tar.gz release $(wildcard assignments/*/*.md)
-	@ls -1 dist
+	rm -rf dist
+	$(PY) -m autograder.grade student-package --out dist
 
 clean:
 	rm -rf submitted autograded feedback gradebook.db .pytest_cache dist

@@ -27,17 +27,21 @@ class Findings:
         for rank, out in enumerate(outs):
             with findings.numbers():
                 assert_close(out["grad"], expected, name="grad of input", rank=rank)
-            with findings.communication():
+            with findings.communication():          # graded here
                 expect_comm(out["comm"], rank=rank, op="all_reduce", phase="backward", count=1)
+            with findings.communication(hint=True):  # graded in another cell: only explains wrong numbers
+                expect_comm(...)
         findings.raise_if_any()
 
     A forgotten backward all-reduce shows up both as wrong numbers and as a
     missing collective; the message says both, the missing collective first.
-    Only `CheckFailure` is collected; anything else propagates at once.
+    A hint is reported only when something graded failed too. Only
+    `CheckFailure` is collected; anything else propagates at once.
     """
 
     def __init__(self):
         self.comm: list[str] = []
+        self.hints: list[str] = []
         self.numeric: list[str] = []
 
     @staticmethod
@@ -52,20 +56,21 @@ class Findings:
         """A block of element-wise comparisons."""
         return self._collect(self.numeric)
 
-    def communication(self):
-        """A block of ledger checks (counts, shapes, phases, order)."""
-        return self._collect(self.comm)
+    def communication(self, *, hint: bool = False):
+        """A block of ledger checks (counts, shapes, phases, order); `hint`: reported only with another failure."""
+        return self._collect(self.hints if hint else self.comm)
 
     def raise_if_any(self) -> None:
         if not self.comm and not self.numeric:
             return
         parts = []
-        if self.comm:
-            parts.append(self.comm[0])
-            if len(self.comm) > 1:
-                parts.append(f"({len(self.comm) - 1} more communication finding(s) on other ranks or ops)")
+        comm = self.comm or self.hints
+        if comm:
+            parts.append(comm[0])
+            if len(comm) > 1:
+                parts.append(f"({len(comm) - 1} more communication finding(s) on other ranks or ops)")
         if self.numeric:
-            lead = "The numbers are wrong too: " if self.comm else ""
+            lead = "The numbers are wrong too: " if comm else ""
             parts.append(lead + self.numeric[0])
             if len(self.numeric) > 1:
                 parts.append(f"({len(self.numeric) - 1} more wrong tensor(s) on this or other ranks)")

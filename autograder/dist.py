@@ -22,8 +22,11 @@ import ctypes
 import datetime
 import faulthandler
 import io
+import json
+import linecache
 import multiprocessing
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -31,12 +34,14 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["run_distributed", "DistributedError", "RankFailure", "default_start_method", "rank_device"]
 
 # How long the survivors get to report their own error after the first rank fails.
 _GRACE_AFTER_FAILURE_S = 1.5
+# A deadlock: every live rank blocked, none using the CPU, for this long.
+DEADLOCK_IDLE_S = 2.0
 # How long a rank gets to write its stack after SIGUSR1.
 _STACK_DUMP_WAIT_S = 0.5
 # Characters of each rank's captured output quoted in an error.
@@ -45,57 +50,139 @@ _OUTPUT_TAIL_CHARS = 3000
 
 @dataclass
 class RankFailure:
-    rank: int
-    kind: str  # "exception", "crash", "timeout", "killed-after-peer-failure"
-    detail: str  # traceback, signal description, or stack
-    output_tail: str = ""
+    """One failed rank. `kind`: "exception", "crash", "timeout" (a deadlock or a slow run),
+    "killed-after-peer-failure" (still running when another rank failed)."""
 
-    def describe(self) -> str:
-        head = {
-            "exception": f"rank {self.rank} raised an exception",
-            "crash": f"rank {self.rank} died: {self.detail}",
-            "timeout": f"rank {self.rank} did not finish in time (deadlock?); its Python stack:",
-            "killed-after-peer-failure": f"rank {self.rank} was still running when another rank failed; its Python stack:",
-        }[self.kind]
-        parts = [head]
-        if self.kind != "crash" and self.detail:
-            parts.append(_indent(self.detail.rstrip()))
+    rank: int
+    kind: str
+    detail: str  # the full traceback, the exit description, or the faulthandler stack
+    output_tail: str = ""
+    exc_type: str = ""       # for "exception": the exception's class name
+    message: str = ""        # for "exception": str(exception)
+    frames: list = field(default_factory=list)  # for "exception": [{file, line, name, text, student}], outermost first
+    stub: str = ""           # the student function that raised NotImplementedError from its stub, if any
+
+    def student_view(self) -> str:
+        """What the student needs: the error and their own frames, or where the rank was waiting."""
+        if self.kind == "exception":
+            lines = [f"{self.exc_type}: {self.message}".rstrip()] if self.exc_type else [self.detail.rstrip()]
+            mine = [f for f in self.frames if f["student"]]
+            if not mine and self.frames:
+                mine = self.frames[-1:]
+            if mine:
+                lines.append("  in your code (innermost last):" if mine[0]["student"] else "  raised at:")
+                for f in mine:
+                    lines.append(f"    {f['where']}")
+                    if f["text"]:
+                        lines.append(f"      {f['text']}")
+            return "\n".join(lines)
+        if self.kind == "crash":
+            first, _, stack = self.detail.partition("\n")
+            where = _blocked_at(stack) if stack else ""
+            return first + (f"; it {where}" if where else "")
+        if self.detail.startswith(_RETURNED):
+            return self.detail
+        return _blocked_at(self.detail) or "(no Python stack was written)"
+
+    def describe(self, full: bool | None = None) -> str:
+        """The failure as the error message shows it (student view; the full internals with `full`)."""
+        full = _full() if full is None else full
+        if full:
+            head = {
+                "exception": f"rank {self.rank} raised an exception",
+                "crash": f"rank {self.rank} died: {self.detail.partition(chr(10))[0]}",
+                "timeout": f"rank {self.rank} did not finish in time; its Python stack:",
+                "killed-after-peer-failure": f"rank {self.rank} was still running when another rank failed; "
+                                             f"its Python stack:",
+            }[self.kind]
+            body = self.detail if self.kind != "crash" else self.detail.partition("\n")[2]
+            parts = [head, _indent(body.rstrip())] if body.strip() else [head]
+        elif self.kind == "exception":
+            parts = [f"rank {self.rank} raised an exception", _indent(self.student_view())]
+        elif self.kind == "crash":
+            parts = [f"rank {self.rank} died: {self.student_view()}"]
+        else:
+            parts = [f"rank {self.rank} {self.student_view()}"]
         if self.output_tail.strip():
             parts.append(f"  rank {self.rank} output (last {_OUTPUT_TAIL_CHARS} characters):")
             parts.append(_indent(self.output_tail.rstrip()))
         return "\n".join(parts)
 
 
+_RETURNED = "had returned from its rank program and was waiting for the other ranks"
+
+
+def _full() -> bool:
+    from autograder.report import internals_shown
+
+    return internals_shown()
+
+
 class DistributedError(RuntimeError):
-    """One or more ranks failed, crashed or hung. `.failures` lists them by rank."""
+    """One or more ranks failed, crashed or hung. `.failures` lists them, root cause first, in rank order."""
 
     def __init__(self, summary: str, failures: list[RankFailure]):
         self.summary = summary
         self.failures = failures
         super().__init__(f"{summary}\n\n{_describe_all(failures)}")
 
+    @property
+    def stub(self) -> str:
+        """The stub function every rank that raised is stuck in ("" if the failure is something else)."""
+        raised = [f for f in self.failures if f.kind == "exception"]
+        if raised and all(f.stub for f in raised) and not [f for f in self.failures if f.kind == "crash"]:
+            return raised[0].stub
+        return ""
+
 
 def _describe_all(failures: list[RankFailure]) -> str:
-    """Each failure once; ranks that raised the very same traceback are shown together."""
+    """Each failure once, in the given order; ranks that failed identically are shown together.
+
+    A rank that failed only because another one did (its connection was
+    closed, or it was stopped while waiting) gets one line, not a stack.
+    """
+    full = _full()
+    root_caused = any(f.kind in ("exception", "crash") and not _secondary(f) for f in failures)
     parts, shown = [], set()
     for f in failures:
         if f.rank in shown:
             continue
-        same = [g for g in failures if g.kind == "exception" and f.kind == "exception" and g.detail == f.detail
-                and not g.output_tail.strip() and not f.output_tail.strip()]
-        if len(same) > 1:
-            ranks = sorted(g.rank for g in same)
-            shown.update(ranks)
-            others = ", ".join(str(r) for r in ranks[1:])
-            hint = ""
-            if f.detail.rstrip().endswith("NotImplementedError"):
-                hint = " (a function that is still a stub: implement it first)"
-            parts.append(f"rank {ranks[0]} raised an exception, and rank(s) {others} the same one{hint}\n"
-                         f"{_indent(f.detail.rstrip())}")
-        else:
+        if root_caused and not full and (f.kind == "killed-after-peer-failure" or _secondary(f)):
             shown.add(f.rank)
+            why = ("its connection to the failed rank was closed" if _secondary(f)
+                   else f"it {f.student_view()}")
+            parts.append(f"rank {f.rank} did not finish because another rank failed: {why}.")
+            continue
+        same = [f] + ([g for g in failures if g is not f and g.rank not in shown and _same_failure(f, g)]
+                      if not full else [])
+        ranks = sorted(g.rank for g in same)
+        shown.update(ranks)
+        if len(ranks) == 1:
             parts.append(f.describe())
+            continue
+        others = ", ".join(str(r) for r in ranks[1:])
+        if f.kind == "exception":
+            hint = f" (`{f.stub}` is still a stub: implement it first)" if f.stub else ""
+            parts.append(f"rank {ranks[0]} raised an exception, and rank(s) {others} the same one{hint}\n"
+                         f"{_indent(f.student_view())}")
+        else:
+            parts.append(f"ranks {', '.join(str(r) for r in ranks)}: each {f.student_view()}")
     return "\n\n".join(parts)
+
+
+def _same_failure(f: RankFailure, g: RankFailure) -> bool:
+    """Two ranks a student would read as one failure (same error at the same line, or stuck at one place)."""
+    if f.kind != g.kind or f.kind not in ("exception", "timeout") or f.output_tail.strip() or g.output_tail.strip():
+        return False
+    return f.student_view() == g.student_view()
+
+
+_SECONDARY = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
+              "failed to pass monitoredBarrier")
+
+
+def _secondary(f: RankFailure) -> bool:
+    return f.kind == "exception" and any(s in f.detail for s in _SECONDARY)
 
 
 def _indent(text: str, prefix: str = "    ") -> str:
@@ -157,6 +244,7 @@ def _rank_main(payload, rank: int, world_size: int, workdir: str, backend: str, 
     elif sys.platform == "darwin":
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo0")
     status = 1
+    store = None
     try:
         import torch
         import torch.distributed as dist
@@ -175,31 +263,35 @@ def _rank_main(payload, rank: int, world_size: int, workdir: str, backend: str, 
             fn, args = payload
         if backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())
-        if check_collectives:
-            # Fingerprint every collective across ranks (TORCH_DISTRIBUTED_DEBUG=DETAIL):
-            # a mismatch raises "Detected mismatch between collectives on ranks ..." on
-            # the spot instead of aborting the rank or returning wrong numbers (spec 6).
-            dist.set_debug_level(dist.DebugLevel.DETAIL)
         store = dist.FileStore(os.path.join(workdir, "store"), world_size)
         dist.init_process_group(
             backend, store=store, rank=rank, world_size=world_size,
             timeout=datetime.timedelta(seconds=timeout + 5.0),
         )
-        def barrier():
+        try:
+            # Every rank is connected before any runs the program: a rank that
+            # fails at once must not break a peer's rendezvous.
             if backend == "nccl":
                 dist.barrier(device_ids=[torch.cuda.current_device()])
             else:
                 dist.barrier()
+            if check_collectives:
+                # Ranks must agree on each collective before it runs (autograder.agreement):
+                # a mismatch raises a clear error on the spot instead of aborting the
+                # rank or returning wrong numbers (spec 6).
+                from autograder.agreement import CollectiveAgreement
 
-        try:
-            # Every rank is connected before any runs the program: a rank that
-            # fails at once must not break a peer's rendezvous.
-            barrier()
-            result = fn(rank, world_size, *args)  # the rank program
-            # No rank may close its connections while a peer is still using
-            # them (a fast rank exiting early makes a slow one fail with
-            # "Connection closed by peer"): meet once more before tearing down.
-            barrier()
+                agreement = CollectiveAgreement(store, rank)
+                with agreement:
+                    result = fn(rank, world_size, *args)  # the rank program
+                agreement.finish()
+            else:
+                result = fn(rank, world_size, *args)  # the rank program
+                store.set(_DONE.format(rank=rank), b"{}")
+            # No rank may close its connections while a peer is still using them
+            # (a fast rank exiting early makes a slow one fail with "Connection
+            # closed by peer"): wait until every rank has returned.
+            _wait_for_all_ranks_to_finish(store, world_size, timeout)
         finally:
             try:
                 dist.destroy_process_group()
@@ -219,11 +311,21 @@ def _rank_main(payload, rank: int, world_size: int, workdir: str, backend: str, 
             f.write(buf.getvalue())
         os.replace(tmp, os.path.join(workdir, f"rank{rank}.result"))
         status = 0
+    except _PeerFailed:
+        status = _EXIT_PEER_FAILED
     except BaseException as exc:  # noqa: BLE001 - report everything, including SystemExit
-        tb = _format_user_traceback(exc)
+        try:
+            store.set(_FAILED.format(rank=rank), b"1")  # peers waiting at the end stop at once
+        except Exception:  # noqa: BLE001 - no store yet (failed before the rendezvous)
+            pass
+        try:
+            record = _exception_record(exc)
+        except Exception:  # noqa: BLE001 - e.g. an exception whose str() raises
+            record = {"type": type(exc).__name__, "message": "", "frames": [], "stub": "",
+                      "text": "".join(traceback.format_exception_only(type(exc), exc))}
         try:
             with open(os.path.join(workdir, f"rank{rank}.error"), "w") as f:
-                f.write(tb)
+                json.dump(record, f)
         except OSError:
             pass
     finally:
@@ -233,6 +335,63 @@ def _rank_main(payload, rank: int, world_size: int, workdir: str, backend: str, 
         except Exception:  # noqa: BLE001
             pass
     os._exit(status)
+
+
+# The last line of every released stub (nbgrader_config.py's code_stub).
+STUB_LINE = "raise NotImplementedError()"
+_DONE = "__rank_done/{rank}"  # autograder.agreement.DONE_KEY: each rank sets it when its program returns
+
+
+_FAILED = "__rank_failed/{rank}"
+# The exit status of a rank that returned from its program but stopped because a peer failed.
+_EXIT_PEER_FAILED = 75
+
+
+class _PeerFailed(Exception):
+    pass
+
+
+def _wait_for_all_ranks_to_finish(store, world_size: int, timeout: float) -> None:
+    """Wait (idle: 20 ms between looks) until every rank has returned from its rank program.
+
+    Raises _PeerFailed as soon as another rank reports a failure, so that this
+    rank stops at once instead of waiting for the parent to kill it.
+    """
+    done = [_DONE.format(rank=r) for r in range(world_size)]
+    failed = [_FAILED.format(rank=r) for r in range(world_size)]
+    deadline = time.monotonic() + timeout + 5.0
+    while not store.check(done):
+        if any(store.check([k]) for k in failed):
+            raise _PeerFailed()
+        if time.monotonic() > deadline:
+            raise TimeoutError("the other ranks did not finish their rank programs")
+        time.sleep(0.02)
+
+
+def _exception_record(exc: BaseException) -> dict:
+    """What the parent needs to explain an exception: type, message, frames (student's marked), full text."""
+    from autograder.report import describe_location, is_student_file
+
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_filename != __file__:
+            name = getattr(code, "co_qualname", code.co_name)
+            frames.append({
+                "file": code.co_filename, "line": tb.tb_lineno, "name": name,
+                "where": describe_location(code.co_filename, tb.tb_lineno, name),
+                "text": linecache.getline(code.co_filename, tb.tb_lineno).strip(),
+                "student": is_student_file(code.co_filename),
+            })
+        tb = tb.tb_next
+    stub = ""
+    mine = [f for f in frames if f["student"]]
+    if isinstance(exc, NotImplementedError) and mine and frames[-1] is mine[-1] \
+            and mine[-1]["text"] == STUB_LINE:
+        stub = mine[-1]["name"]
+    return {"type": type(exc).__name__, "message": str(exc), "frames": frames, "stub": stub,
+            "text": _format_user_traceback(exc)}
 
 
 def _format_user_traceback(exc: BaseException) -> str:
@@ -355,6 +514,9 @@ def run_distributed(fn, world_size: int, *, args: tuple = (), timeout: float = 2
     if not callable(fn):
         raise TypeError(f"run_distributed: fn must be callable, got {type(fn).__name__}")
 
+    if check_collectives:
+        import autograder.agreement  # noqa: F401 - its imports are paid once here, not in every forked rank
+
     workdir = tempfile.mkdtemp(prefix="autograder-dist-")
     procs: list[_RankProcess] = []
     try:
@@ -389,13 +551,78 @@ def run_distributed(fn, world_size: int, *, args: tuple = (), timeout: float = 2
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system) a process has used so far; None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+    except (OSError, ValueError, IndexError):
+        pass
+    try:  # macOS and other systems without /proc
+        out = subprocess.run(["ps", "-o", "time=", "-p", str(pid)], capture_output=True, text=True,
+                             timeout=2).stdout.strip()
+        if not out:
+            return None
+        days, _, rest = out.rpartition("-")
+        parts = [float(x) for x in rest.split(":")]
+        seconds = 0.0
+        for x in parts:
+            seconds = seconds * 60 + x
+        return seconds + (int(days) * 86400 if days else 0)
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+
+
+try:
+    _CLK_TCK = os.sysconf("SC_CLK_TCK")
+except (ValueError, OSError, AttributeError):  # pragma: no cover
+    _CLK_TCK = 100
+
+
+class _IdleWatch:
+    """Tells a deadlock from a slow run: every live rank blocked, none using the CPU, for `window` seconds.
+
+    A rank waiting in a collective, a P2P receive or the runner's final wait
+    sleeps in the kernel; a rank that computes, however slowly, uses the CPU.
+    Less than `busy` CPU-seconds per second across all live ranks counts as idle.
+    """
+
+    def __init__(self, procs, window: float = DEADLOCK_IDLE_S, busy: float = 0.05, sample: float = 0.25):
+        self.procs, self.window, self.busy, self.sample = procs, window, busy, sample
+        self.history: list[tuple[float, float]] = []  # (time, total CPU seconds of the live ranks)
+        self.next_sample = 0.0
+        self.live: frozenset = frozenset()
+
+    def deadlocked(self, now: float, live: set[int]) -> bool:
+        if now < self.next_sample:
+            return False
+        self.next_sample = now + self.sample
+        if frozenset(live) != self.live:  # a rank finished: start a new window
+            self.live, self.history = frozenset(live), []
+        total = 0.0
+        for rank in live:
+            t = _cpu_seconds(self.procs[rank].pid)
+            if t is None:
+                return False  # cannot tell: rely on the timeout
+            total += t
+        self.history.append((now, total))
+        while len(self.history) > 1 and now - self.history[1][0] >= self.window:
+            self.history.pop(0)
+        t0, c0 = self.history[0]
+        return now - t0 >= self.window and (total - c0) < self.busy * (now - t0)
+
+
 def _supervise(procs: list[_RankProcess], workdir: str, timeout: float, show_output: bool) -> list:
     world_size = len(procs)
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = start + timeout
     first_failure_at = None
     pending = set(range(world_size))
     failed: set[int] = set()
-    exit_order: dict[int, int] = {}
+    idle = _IdleWatch(procs)
+    settled = _IdleWatch(procs, window=0.3, sample=0.1)  # after a failure: are the others just waiting?
+    deadlock = False
     poll_s = 0.002
     while pending:
         now = time.monotonic()
@@ -407,11 +634,15 @@ def _supervise(procs: list[_RankProcess], workdir: str, timeout: float, show_out
             if code is None:
                 continue
             pending.discard(rank)
-            exit_order[rank] = len(exit_order)
             if code != 0:
                 failed.add(rank)
                 if first_failure_at is None:
                     first_failure_at = time.monotonic()
+        if pending and first_failure_at is None and idle.deadlocked(now, pending):
+            deadlock = True
+            break
+        if pending and first_failure_at is not None and settled.deadlocked(now, pending):
+            break  # the survivors are blocked waiting for the failed rank: no need to wait out the grace
         if pending:
             time.sleep(poll_s)
             poll_s = min(poll_s * 1.5, 0.02)
@@ -424,7 +655,12 @@ def _supervise(procs: list[_RankProcess], workdir: str, timeout: float, show_out
                 os.kill(procs[rank].pid, signal.SIGUSR1)
             except (ProcessLookupError, OSError):
                 pass
-        time.sleep(_STACK_DUMP_WAIT_S)
+        # faulthandler writes from its signal handler, even in a rank blocked in C++
+        stack_deadline = time.monotonic() + _STACK_DUMP_WAIT_S
+        while time.monotonic() < stack_deadline and not all(
+                os.path.getsize(os.path.join(workdir, f"rank{r}.stack")) > 0 for r in stuck):
+            time.sleep(0.01)
+        time.sleep(0.02)  # let the last lines land
         for rank in stuck:
             procs[rank].kill()
         for rank in stuck:
@@ -448,8 +684,18 @@ def _supervise(procs: list[_RankProcess], workdir: str, timeout: float, show_out
     for rank in range(world_size):
         if rank in failed:
             err = _read(os.path.join(workdir, f"rank{rank}.error"))
+            record = None
             if err:
-                failures.append(RankFailure(rank, "exception", err, _read_tail(log(rank))))
+                try:
+                    record = json.loads(err)
+                except ValueError:
+                    record = {"text": err, "type": "", "message": "", "frames": [], "stub": ""}
+            if procs[rank].exitcode == _EXIT_PEER_FAILED:
+                failures.append(RankFailure(rank, "killed-after-peer-failure", _RETURNED, _read_tail(log(rank))))
+            elif record:
+                failures.append(RankFailure(rank, "exception", record["text"], _read_tail(log(rank)),
+                                            exc_type=record["type"], message=record["message"],
+                                            frames=record["frames"], stub=record.get("stub", "")))
             else:
                 detail = _describe_exit(procs[rank].exitcode)
                 stack = _read(os.path.join(workdir, f"rank{rank}.stack")).strip()
@@ -461,20 +707,25 @@ def _supervise(procs: list[_RankProcess], workdir: str, timeout: float, show_out
             stack = _read(os.path.join(workdir, f"rank{rank}.stack")).strip() or "(no stack was written)"
             failures.append(RankFailure(rank, kind, _filter_stack(stack), _read_tail(log(rank))))
 
-    # Order: root causes first. A rank whose error is only a consequence of a
-    # peer's death (connection reset, closed pipe) is listed after the others.
-    def secondary(f: RankFailure) -> bool:
-        return f.kind == "exception" and any(
-            s in f.detail for s in ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
-                                    "failed to pass monitoredBarrier")
-        )
+    # Root causes first (an exception or a crash that is not a consequence of a
+    # peer's failure), then deadlocked ranks, then the ranks that failed only
+    # because another did; in rank order within each (the same on every run).
+    def order(f: RankFailure):
+        if f.kind in ("exception", "crash") and not _secondary(f):
+            return 0
+        return 1 if f.kind == "timeout" else 2
 
-    failures.sort(key=lambda f: (f.kind in ("timeout", "killed-after-peer-failure"), secondary(f),
-                                 exit_order.get(f.rank, world_size), f.rank))
-    names = ", ".join(str(f.rank) for f in failures)
-    if first_failure_at is None:
+    failures.sort(key=lambda f: (order(f), f.rank))
+    names = ", ".join(str(r) for r in sorted(f.rank for f in failures))
+    if deadlock:
+        waited = time.monotonic() - start
+        summary = (f"run_distributed: deadlock: after {waited:.1f} s every rank still running ({names}) was "
+                   f"blocked and none had used the CPU for {DEADLOCK_IDLE_S:g} s (world size {world_size}). "
+                   f"Where each rank was waiting is below; every rank was stopped.")
+    elif first_failure_at is None:
         summary = (f"run_distributed: timed out after {timeout:g} s with rank(s) {names} still running "
-                   f"(world size {world_size}). A deadlock? Each rank's stack is below; every rank was killed.")
+                   f"(world size {world_size}). A deadlock, or a very slow rank? Each rank's stack is below; "
+                   f"every rank was stopped.")
     else:
         summary = f"run_distributed: rank(s) {names} failed (world size {world_size})."
     if show_output:
@@ -482,14 +733,54 @@ def _supervise(procs: list[_RankProcess], workdir: str, timeout: float, show_out
     raise DistributedError(summary, failures)
 
 
-def _filter_stack(stack: str) -> str:
-    """Cut a faulthandler dump below the rank program: the runner's and multiprocessing's frames."""
+_RUNNER_MARK = "  (rank started by autograder.dist.run_distributed)"
+
+
+def _stack_frames(stack: str) -> list[tuple[str, int, str]]:
+    """(file, line, function) of the current thread's frames in a faulthandler dump, innermost first."""
+    frames, current = [], None
+    for line in stack.splitlines():
+        if line.startswith(("Current thread", "Thread ")):
+            if current is not None and frames:
+                break
+            current = line.startswith("Current thread")
+            frames = [] if current else frames
+            continue
+        m = re.match(r'\s*File "(.*)", line (\d+) in (.*)$', line)
+        if m and current:
+            frames.append((m.group(1), int(m.group(2)), m.group(3).strip()))
+    return frames
+
+
+def _blocked_at(stack: str) -> str:
+    """`was blocked in recv (torch.distributed), called at Cell In[4], line 3, in prog`, from a faulthandler dump."""
+    from autograder.report import describe_location, is_student_file
+
+    frames = _stack_frames(stack)
+    if any(f[0] == __file__ and f[2] == "_wait_for_all_ranks_to_finish" for f in frames):
+        return _RETURNED
+    for i, (file, line, name) in enumerate(frames):
+        if is_student_file(file):
+            inner = [f for f in frames[:i] if "torch" + os.sep + "distributed" in f[0]
+                     and f[2] not in ("wrapper", "__torch_dispatch__")]
+            op = inner[-1][2] if inner else ""
+            text = linecache.getline(file, line).strip()
+            where = describe_location(file, line, name)
+            head = f"was blocked in {op} (torch.distributed), called at {where}" if op else f"was at {where}"
+            return head + (f"\n      {text}" if text else "")
+    return ""
+
+
+def _filter_stack(stack: str, student_only: bool = False) -> str:
+    """A faulthandler dump without the runner's frames; with `student_only`, where the rank was blocked."""
+    if student_only:
+        return _blocked_at(stack) or _filter_stack(stack)
     out = []
     for line in stack.splitlines():
         if __file__ in line and "_rank_main" in line:
-            out.append("  (rank started by autograder.dist.run_distributed)")
+            out.append(_RUNNER_MARK)
             continue
-        if out and out[-1] == "  (rank started by autograder.dist.run_distributed)" and line.startswith("  File "):
+        if out and out[-1] == _RUNNER_MARK and line.startswith("  File "):
             continue
         out.append(line)
     return "\n".join(out)

@@ -3,6 +3,7 @@
     python -m autograder.grade demo                 # sample submissions -> nbgrader -> gradebook table
     python -m autograder.grade autograde 02_tensor_parallel   # grade submitted/*/02_tensor_parallel
     python -m autograder.grade scores               # print the gradebook
+    python -m autograder.grade student-package      # dist/llm-parallelism-course.tar.gz for students
 
 Run from the course root (where nbgrader_config.py is). `autograde` wraps
 `nbgrader autograde` and `nbgrader generate_feedback`, then prints each
@@ -152,9 +153,17 @@ def main(argv=None) -> int:
     p_auto = sub.add_parser("autograde", help="autograde submitted/*/ASSIGNMENT and generate feedback")
     p_auto.add_argument("assignments", nargs="+")
     sub.add_parser("scores", help="print the gradebook")
+    p_pkg = sub.add_parser("student-package", help="write the student archive (notebooks, lessons, wheel)")
+    p_pkg.add_argument("--out", default="dist", help="folder for the archive (default: dist)")
     args = parser.parse_args(argv)
     root = course_root()
 
+    if args.cmd == "student-package":
+        from autograder.package import build_student_package
+
+        archive = build_student_package(root, os.path.join(root, args.out))
+        print(f"wrote {os.path.relpath(archive, root)}: unpack it, then follow its README.md")
+        return 0
     if args.cmd == "scores":
         print_table(gradebook_rows(root), root)
         return 0

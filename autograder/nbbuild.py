@@ -93,8 +93,12 @@ class NotebookBuilder:
         self.cells.append(cell)
 
     def code(self, source: str) -> None:
-        """A plain, editable code cell (scratch space, examples students may change)."""
-        cell = v4.new_code_cell(textwrap.dedent(source).strip("\n"))
+        """A plain, editable code cell (scratch space, examples, pictures).
+
+        Tagged `raises-exception`: it fails while an exercise it uses is a stub,
+        and "Run All" goes on past it (JupyterLab honours the tag).
+        """
+        cell = v4.new_code_cell(textwrap.dedent(source).strip("\n"), metadata={"tags": ["raises-exception"]})
         cell.id = self._cell_id(f"code-{len(self.cells)}")
         self.cells.append(cell)
 
@@ -151,8 +155,9 @@ class NotebookBuilder:
             body += ["### BEGIN HIDDEN TESTS", textwrap.dedent(hidden).strip("\n"), "### END HIDDEN TESTS"]
         inner = textwrap.indent("\n".join(p for p in body if p), "    ")
         source = f"with checking({label!r}, {doc!r}):\n{inner}"
-        cell = v4.new_code_cell(source,
-                                metadata=self._meta(grade_id=grade_id, grade=True, locked=True, points=points))
+        # `raises-exception`: "Run All" goes on past a failing test, so one run shows every exercise's state
+        cell = v4.new_code_cell(source, metadata={**self._meta(grade_id=grade_id, grade=True, locked=True,
+                                                             points=points), "tags": ["raises-exception"]})
         cell.id = self._cell_id(grade_id)
         self.cells.append(cell)
 
@@ -165,7 +170,7 @@ class NotebookBuilder:
         with `backend="nccl"` (ranks spawned, tensors on `cuda:<rank>`);
         elsewhere each line says it was skipped and why. No points depend on it.
         """)
-        self.code("from autograder.gpu import run_nccl_checks\n\nrun_nccl_checks("
+        self.code("from autograder.gpu import run_nccl_checks\n\nverdicts = run_nccl_checks("
                   + textwrap.dedent(checks_src).strip() + ")")
 
     # -- output -----------------------------------------------------------------

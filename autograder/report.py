@@ -20,14 +20,13 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-import re
 import sys
 import sysconfig
 import time
 import traceback
 from dataclasses import dataclass, field
 
-__all__ = ["checking", "show_internals", "note_run", "student_frames", "is_student_file"]
+__all__ = ["checking", "show_internals", "note_run", "student_frames", "is_student_file", "describe_location"]
 
 _FULL = {"on": os.environ.get("AUTOGRADER_TRACEBACK", "").lower() == "full"}
 
@@ -77,6 +76,24 @@ def is_student_file(filename: str) -> bool:
     return not any(path.startswith(d + os.sep) for d in _LIB_DIRS)
 
 
+def describe_location(filename: str, lineno: int, name: str) -> str:
+    """`Cell In[5], line 12, in forward` for a notebook cell (as IPython names it), `file.py:12, in forward` else."""
+    label = None
+    try:
+        from IPython import get_ipython
+
+        ip = get_ipython()
+        if ip is not None:
+            label = ip.compile.format_code_name(filename)
+    except Exception:  # noqa: BLE001 - no IPython, or an older one: fall back to the file name
+        label = None
+    if label:
+        return f"{label[0]} {label[1]}, line {lineno}, in {name}"
+    if filename.startswith("<"):
+        return f"{filename}, line {lineno}, in {name}"
+    return f"{os.path.basename(filename)}:{lineno}, in {name}"
+
+
 def student_frames(tb) -> list[traceback.FrameSummary]:
     """The frames of a traceback that are in the student's code, outermost first."""
     return [fs for fs in traceback.extract_tb(tb) if is_student_file(fs.filename)]
@@ -93,35 +110,35 @@ def _qualname(tb) -> str:
     return name
 
 
-_STUB_IN_TEXT = re.compile(r'File "[^"]*", line \d+, in (?P<name>[^\n]+)\n(?:[^\n]*\n)*?\s*raise NotImplementedError')
-
-
 def _stub_name(exc: BaseException) -> str | None:
     """The student function that is still a stub, if `exc` comes from one; None otherwise."""
-    failures = getattr(exc, "failures", None)
-    if failures is not None:  # a DistributedError: every rank that raised, raised NotImplementedError
-        raised = [f for f in failures if f.kind == "exception"]
-        if raised and all(getattr(f, "exc_type", "") == "NotImplementedError" or
-                          f.detail.rstrip().endswith("NotImplementedError") for f in raised):
-            names = [getattr(f, "stub", "") for f in raised]
-            if any(names):
-                return next(n for n in names if n)
-            m = _STUB_IN_TEXT.search(raised[0].detail)
-            return m.group("name").strip() if m else "a function"
-        return None
+    if hasattr(exc, "failures"):  # a DistributedError: every rank that raised is stuck in a stub
+        return getattr(exc, "stub", "") or None
     if isinstance(exc, NotImplementedError):
-        return _qualname(exc.__traceback__) or "a function"
+        frames = student_frames(exc.__traceback__)
+        from autograder.dist import STUB_LINE
+
+        if frames and (frames[-1].line or "").strip() == STUB_LINE:
+            return _qualname(exc.__traceback__) or frames[-1].name
     return None
 
 
 def _render(exc: BaseException, text: str) -> list[str]:
-    """The lines IPython shows for a failed graded cell: the verdict, then the student's frames."""
+    """The lines IPython shows for a failed graded cell: the verdict, then the student's own frames.
+
+    The test cell's own frame (the outermost) is left out: it is the check's
+    call, not the student's code. Frames of the course's checks and of torch
+    are left out too (`show_internals` shows everything).
+    """
     lines = [f"{type(exc).__name__}: {text}"]
-    frames = student_frames(exc.__traceback__)
+    frames = student_frames(exc.__traceback__)[1:]
     if frames:
         lines.append("")
-        lines.append("Your code on the way (innermost last):")
-        lines.extend(line.rstrip("\n") for line in traceback.format_list(frames))
+        lines.append("In your code (innermost last):")
+        for fs in frames:
+            lines.append(f"  {describe_location(fs.filename, fs.lineno, fs.name)}")
+            if fs.line:
+                lines.append(f"    {fs.line.strip()}")
     return lines
 
 
@@ -145,6 +162,7 @@ def _ran_on(runs) -> str:
 @contextlib.contextmanager
 def checking(label: str, what: str):
     """A graded cell: print one line on success; on failure re-raise with the exercise and the verdict first."""
+    what = what.strip().rstrip(".")
     report = _Report(label, what)
     token = _current.set(report)
     t0 = time.perf_counter()

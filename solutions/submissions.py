@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+import linecache
 import os
 import re
 import traceback
@@ -104,9 +105,11 @@ def run_graded_cells(nb, assignment: str | None = None, *, only=None) -> dict[st
         src = "\n".join(line for line in src.splitlines() if not line.lstrip().startswith(("%", "!")))
         out = io.StringIO()
         ok, msg = True, ""
+        filename = f"<cell {meta.get('grade_id', '?')}>"
+        linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)  # as IPython does
         try:
             with contextlib.redirect_stdout(out):
-                exec(compile(src, f"<cell {meta.get('grade_id', '?')}>", "exec"), namespace)
+                exec(compile(src, filename, "exec"), namespace)
         except BaseException as exc:  # noqa: BLE001 - a cell error is a verdict, not a crash
             if isinstance(exc, KeyboardInterrupt):
                 raise

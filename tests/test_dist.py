@@ -134,17 +134,48 @@ def test_a_rank_that_segfaults_is_named_with_its_stack():
     assert "_segfault" in msg  # faulthandler's stack shows where
 
 
-def test_deadlock_stops_at_timeout_with_every_rank_stack():
+def test_a_deadlock_is_reported_within_seconds_with_where_each_rank_waits():
+    """Every rank blocked and idle: reported after ~2 s of idleness, long before the 20 s timeout."""
     t0 = time.monotonic()
     with pytest.raises(DistributedError) as info:
-        run_distributed(_deadlock, 2, timeout=2)
+        run_distributed(_deadlock, 2, timeout=20)
+    elapsed = time.monotonic() - t0
+    msg = str(info.value)
+    assert elapsed < 5, f"a deadlock took {elapsed:.1f} s to report"
+    assert "deadlock" in msg and "none had used the CPU" in msg
+    assert "ranks 0, 1: each was blocked in recv (torch.distributed)" in msg
+    assert "in _deadlock" in msg and "dist.recv(t, src=1 - rank)" in msg  # the student's blocking line
+
+
+def _spin(rank, world_size):
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        pass
+
+
+def test_a_busy_rank_past_the_timeout_is_stopped_with_its_stack():
+    t0 = time.monotonic()
+    with pytest.raises(DistributedError) as info:
+        run_distributed(_spin, 2, timeout=2)
     elapsed = time.monotonic() - t0
     msg = str(info.value)
     assert 2 <= elapsed < 5
     assert "timed out after 2 s" in msg
-    for rank in (0, 1):
-        assert f"rank {rank} did not finish in time" in msg
-    assert msg.count("in _deadlock") == 2  # each rank's Python stack points at the blocking line
+    assert "in _spin" in msg
+
+
+def _slow_compute(rank, world_size):
+    x = torch.randn(300, 300)
+    end = time.monotonic() + 3.0  # longer than the idle window: busy, not deadlocked
+    while time.monotonic() < end:
+        x = torch.tanh(x @ x.T / 300)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return float(t)
+
+
+def test_a_slow_but_working_run_is_not_taken_for_a_deadlock():
+    assert run_distributed(_slow_compute, 2, timeout=30) == [2.0, 2.0]
 
 
 def test_rank_output_stays_off_the_callers_stderr(capfd):
@@ -236,12 +267,63 @@ def _mismatched_dtypes(rank, world_size):
 
 
 def test_ranks_calling_a_collective_with_different_dtypes_get_a_clear_error():
-    """Without the fingerprint check gloo aborts a rank (SIGABRT) or returns wrong numbers (spec 6)."""
+    """Without the agreement check gloo aborts a rank (SIGABRT) or returns wrong numbers (spec 6)."""
     with pytest.raises(DistributedError) as info:
         run_distributed(_mismatched_dtypes, 2, timeout=30)
     msg = str(info.value)
-    assert "Detected mismatch between collectives on ranks" in msg
-    assert "SIGABRT" not in msg
+    assert "collective #1 on the group of ranks [0, 1] differs between ranks" in msg
+    assert "rank 0: all_reduce of [4] float32, called at test_dist.py" in msg
+    assert "rank 1: all_reduce of [4] float64, called at test_dist.py" in msg
+    assert "SIGABRT" not in msg and "CollectiveFingerPrint" not in msg
+    assert "rank 0 raised an exception, and rank(s) 1 the same one" in msg  # one message, not two
+
+
+def _different_shapes_same_bytes(rank, world_size):
+    dist.all_reduce(torch.ones(2, 3) if rank == 0 else torch.ones(3, 2))
+
+
+def test_same_bytes_different_shapes_are_caught_before_gloo_runs():
+    """gloo would run this without an error; the ledger of shapes must agree first."""
+    with pytest.raises(DistributedError, match=r"all_reduce of \[2, 3\] float32.*\n.*all_reduce of \[3, 2\]"):
+        run_distributed(_different_shapes_same_bytes, 2, timeout=30)
+
+
+def _skips_a_collective(rank, world_size):
+    t = torch.ones(3)
+    if rank != 1:
+        dist.all_reduce(t)
+    return t
+
+
+def test_a_rank_that_skips_a_collective_is_named():
+    t0 = time.monotonic()
+    with pytest.raises(DistributedError) as info:
+        run_distributed(_skips_a_collective, 3, timeout=30)
+    msg = str(info.value)
+    assert time.monotonic() - t0 < 5
+    assert "not every rank called it" in msg
+    assert "rank 1: returned from its rank program after 0 collective(s) on this group" in msg
+    assert "rank 0: all_reduce of [3] float32" in msg and "rank 2: all_reduce of [3] float32" in msg
+    assert "BARRIER" not in msg and "barrier" not in msg  # the runner's own synchronisation is never blamed
+
+
+def _order_mismatch(rank, world_size):
+    sub = dist.new_group([0, 1])
+    a, b = torch.ones(2), torch.ones(5)
+    if rank == 0:
+        dist.all_reduce(a, group=sub)
+        dist.broadcast(b, src=0, group=sub)
+    else:
+        dist.broadcast(b, src=0, group=sub)
+        dist.all_reduce(a, group=sub)
+
+
+def test_collectives_in_a_different_order_on_a_subgroup():
+    with pytest.raises(DistributedError) as info:
+        run_distributed(_order_mismatch, 2, timeout=30)
+    msg = str(info.value)
+    assert "collective #1 on the group of ranks [0, 1] differs between ranks" in msg
+    assert "rank 0: all_reduce of [2] float32" in msg and "rank 1: broadcast of [5] float32" in msg
 
 
 def _all_stubs(rank, world_size):
@@ -252,6 +334,40 @@ def test_ranks_failing_identically_are_reported_once():
     with pytest.raises(DistributedError) as info:
         run_distributed(_all_stubs, 4)
     msg = str(info.value)
-    assert "rank 0 raised an exception, and rank(s) 1, 2, 3 the same one (a function that is still a stub" in msg
-    assert msg.count("Traceback (most recent call last)") == 1
-    assert sorted(f.rank for f in info.value.failures) == [0, 1, 2, 3]
+    assert "rank 0 raised an exception, and rank(s) 1, 2, 3 the same one (`_all_stubs` is still a stub" in msg
+    assert msg.count("raise NotImplementedError()") == 1
+    assert [f.rank for f in info.value.failures] == [0, 1, 2, 3]
+    assert info.value.stub == "_all_stubs"
+
+
+def _torch_error_on_1(rank, world_size):
+    if rank == 1:
+        torch.ones(3) @ torch.ones(4)
+    dist.barrier()
+
+
+def test_only_the_students_frames_unless_internals_are_asked_for():
+    from autograder.report import show_internals
+
+    with pytest.raises(DistributedError) as info:
+        run_distributed(_torch_error_on_1, 2, timeout=30)
+    msg = str(info.value)
+    assert "in your code (innermost last):" in msg and "torch.ones(3) @ torch.ones(4)" in msg
+    assert "site-packages" not in msg and "autograder" not in msg.split("\n", 1)[1]
+    assert "rank 0 did not finish because another rank failed: it was blocked in barrier" in msg
+    show_internals(True)
+    try:
+        with pytest.raises(DistributedError) as info:
+            run_distributed(_torch_error_on_1, 2, timeout=30)
+    finally:
+        show_internals(False)
+    assert "Traceback (most recent call last)" in str(info.value)
+
+
+def test_failures_are_listed_in_the_same_order_every_run():
+    orders = set()
+    for _ in range(3):
+        with pytest.raises(DistributedError) as info:
+            run_distributed(_all_stubs, 3)
+        orders.add(tuple(f.rank for f in info.value.failures))
+    assert orders == {(0, 1, 2)}

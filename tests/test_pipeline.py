@@ -151,6 +151,9 @@ def test_feedback_shows_failures_but_no_hidden_test_source(course, graded, assig
         text = _html_text(os.path.join(course, "feedback", student, assignment, name))
         leaked = [line for line in hidden if line in text]
         assert not leaked, f"feedback of {student} shows hidden-test source: {leaked[:3]}"
+    raw = open(os.path.join(course, "feedback", "reference", assignment, name), encoding="utf-8").read()
+    assert "data:image/png;base64," in raw, "the feedback shows no picture as an image"
+    assert "<Figure size" not in raw
     wrong = _html_text(os.path.join(course, "feedback", "wrong", assignment, name))
     assert "CheckFailure" in wrong or "DistributedError" in wrong
     assert re.search(r"rank \d", wrong), "the failure message should name a rank"

@@ -118,6 +118,47 @@ def test_student_package_holds_no_solutions_or_hidden_tests(student_package):
         assert not leaked, f"solution lines of {assignment} in the student package: {leaked[:3]}"
 
 
+def test_the_student_archive_holds_the_notebooks_the_lessons_and_the_wheel_only(tmp_path):
+    """dist/llm-parallelism-course.tar.gz: one folder; no solution or hidden-test text in any file of it."""
+    import tarfile
+
+    from autograder.package import PACKAGE_DIR, build_student_package
+
+    archive = build_student_package(ROOT, str(tmp_path))
+    with tarfile.open(archive) as tar:
+        members = [m for m in tar.getmembers() if m.isfile()]
+        names = [m.name for m in members]
+        texts = {}
+        for m in members:
+            data = tar.extractfile(m).read()
+            if m.name.endswith(".whl"):
+                import io
+
+                with zipfile.ZipFile(io.BytesIO(data)) as whl:
+                    for n in whl.namelist():
+                        texts[f"{m.name}!{n}"] = whl.read(n).decode("utf-8", "replace")
+            else:
+                texts[m.name] = data.decode("utf-8", "replace")
+    top = {n.split("/")[1] for n in names}
+    assert all(n.startswith(PACKAGE_DIR + "/") for n in names)
+    assert top == {"README.md", "release", "assignments", "wheels"}, top
+    for assignment in assignments():
+        assert f"{PACKAGE_DIR}/assignments/{assignment}/README.md" in names
+        assert f"{PACKAGE_DIR}/release/{assignment}/{os.path.basename(submissions.notebook_path('release', assignment))}" in names
+        solution, hidden = _secret_lines(assignment)
+        allowed = _visible_text(assignment)
+        for path, text in texts.items():
+            lines = {line.strip() for line in text.splitlines()}
+            leaked = [line for line in hidden if line in text and line not in allowed]
+            assert not leaked, f"hidden-test text of {assignment} in {path}: {leaked[:3]}"
+            leaked = [line for line in solution if len(line) >= 30 and line in lines and line not in allowed]
+            # a lesson may quote a formula line that a solution also has (`step_size = lr / bias_correction1`);
+            # more than two such lines is a solution in the lesson
+            limit = 2 if path.endswith(".md") else 0
+            assert len(leaked) <= limit, f"solution text of {assignment} in {path}: {leaked[:5]}"
+    assert not [n for n in names if "/solutions/" in n or "/source/" in n or "/tests/" in n]
+
+
 _STUDENT_RUN = r"""
 import sys, nbformat
 from nbclient import NotebookClient

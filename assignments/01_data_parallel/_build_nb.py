@@ -211,7 +211,7 @@ def build() -> NotebookBuilder:
     """)
     nb.code("""
     records, ops = ddp_timeline(BucketedDDP, world_size=2)
-    plot_ddp_timeline(records, ops);
+    plot_ddp_timeline(records, ops)
     """)
 
     # -- 3. zero_bytes_per_param ---------------------------------------------------
@@ -233,7 +233,7 @@ def build() -> NotebookBuilder:
                 (1, 1, {}), (2, 2, {}), (3, 1024, {})])
             """)
     nb.code("""
-    plot_memory_ledger(zero_bytes_per_param, num_params=7e9, dp_size=8);
+    plot_memory_ledger(zero_bytes_per_param, num_params=7e9, dp_size=8)
     """)
 
     # -- 4. ZeRO -------------------------------------------------------------------

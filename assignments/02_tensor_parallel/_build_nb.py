@@ -315,8 +315,7 @@ def build() -> NotebookBuilder:
     (README section 3). Run it once exercise 3 passes.
     """)
     nb.code("""
-    fig = plot_pair_communication(ColumnParallelLinear, RowParallelLinear, world_size=2)
-    fig
+    plot_pair_communication(ColumnParallelLinear, RowParallelLinear, world_size=2)
     """)
 
     # -- exercise 4 ----------------------------------------------------------------

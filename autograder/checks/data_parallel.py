@@ -23,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from autograder.compare import CheckFailure, assert_close, dtype_name, fmt_shape
 from autograder.dist import rank_device, run_distributed
+from autograder.plots import new_figure, picture
 from autograder.ledger import CommLedger, check_consistent, counts, expect_comm, expect_no_comm, format_trace, select
 
 __all__ = ["ToyNet", "check_broadcast_module_states", "check_all_reduce_gradients", "check_ddp_broadcast",
@@ -717,26 +718,13 @@ def check_fsdp_frees(shard_fn, *, world_size=2, dims=(5, 7, 3), batch=3, bias=Tr
 # Pictures (not graded)
 # ---------------------------------------------------------------------------
 
-def _pyplot():
-    try:
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no picture (pip install matplotlib)")
-        return None
-    return plt
-
-
 def plot_memory_ledger(zero_bytes_fn, *, num_params=7e9, dp_size=8):
     """Stacked bars: GiB of parameters, gradients and optimizer state per rank for DDP and ZeRO-1/2/3."""
-    plt = _pyplot()
-    if plt is None:
-        return None
-
     parts = [("parameters (bf16)", dict(param_bytes=2, grad_bytes=0, optim_bytes=0)),
              ("gradients (bf16)", dict(param_bytes=0, grad_bytes=2, optim_bytes=0)),
              ("optimizer: fp32 master + Adam m, v", dict(param_bytes=0, grad_bytes=0, optim_bytes=12))]
     labels = ["DDP (stage 0)", "ZeRO-1", "ZeRO-2", "ZeRO-3 / FSDP"]
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    fig, ax = new_figure(figsize=(7, 3.5))
     bottom = [0.0] * 4
     for name, kw in parts:
         vals = [zero_bytes_fn(s, dp_size, **kw) * num_params / 2**30 for s in range(4)]
@@ -748,8 +736,7 @@ def plot_memory_ledger(zero_bytes_fn, *, num_params=7e9, dp_size=8):
     ax.set_ylabel("GiB per rank")
     ax.set_title(f"Model state per rank, {num_params / 1e9:g}B parameters, d = {dp_size}")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    return picture(fig)
 
 
 def _timeline_rank(rank, world_size, ddp_cls, dims, batch, cap):
@@ -773,11 +760,7 @@ def ddp_timeline(ddp_cls, *, world_size=2, dims=(16, 32, 32, 32, 8), batch=4, bu
 
 def plot_ddp_timeline(records, ops):
     """Backward compute ops and bucket all-reduce launches of one rank, in issue order (the ledger's seq)."""
-    plt = _pyplot()
-    if plt is None:
-        return None
-
-    fig, ax = plt.subplots(figsize=(9, 2.8))
+    fig, ax = new_figure(figsize=(9, 2.8))
     colors = {"forward": "tab:blue", "backward": "tab:orange", "outside": "tab:gray"}
     for phase, color in colors.items():
         seqs = [o.seq for o in ops if o.phase == phase]
@@ -792,5 +775,4 @@ def plot_ddp_timeline(records, ops):
     ax.set_ylim(-0.5, 1.8)
     ax.set_xlabel("issue order on rank 0 (ledger seq); red: bucket all-reduce launched, v: wait()")
     ax.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
-    return fig
+    return picture(fig)

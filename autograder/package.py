@@ -1,0 +1,86 @@
+"""The student package: one folder, one archive, everything a student needs and nothing else.
+
+    python -m autograder.grade student-package          # -> dist/llm-parallelism-course.tar.gz  (make student-package)
+
+The archive unpacks into `llm-parallelism-course/`:
+
+    README.md            the README's "For students" section: the commands, exactly
+    release/NN_<dim>/    the notebooks (stubs, visible tests)
+    assignments/         the lessons (README.md and deep dives per dimension, the course overview)
+    wheels/              the `autograder` package (runner, ledger, comparisons, public checks)
+
+so that `jupyter lab` started in that folder shows the notebooks and the
+lessons side by side, and every lesson link of a notebook
+(`../../assignments/NN_<dim>/README.md`) opens. No solution and no hidden test
+is in it (tests/test_release.py checks the archive).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+
+__all__ = ["PACKAGE_DIR", "student_section", "student_commands", "build_student_package"]
+
+PACKAGE_DIR = "llm-parallelism-course"
+
+
+def student_section(readme_text: str) -> str:
+    """The `## For students` section of the course README (up to the next `## ` heading)."""
+    m = re.search(r"^## For students\n(.*?)(?=^## )", readme_text, re.S | re.M)
+    if not m:
+        raise ValueError("README.md has no '## For students' section")
+    return m.group(1).strip() + "\n"
+
+
+def student_commands(readme_text: str) -> list[str]:
+    """The shell commands of the first ```bash block of the student section (comments dropped)."""
+    m = re.search(r"```bash\n(.*?)```", student_section(readme_text), re.S)
+    if not m:
+        raise ValueError("the README's student section has no ```bash block")
+    lines = []
+    for line in m.group(1).splitlines():
+        line = line.split(" #", 1)[0].rstrip() if not line.lstrip().startswith("#") else ""
+        if line:
+            lines.append(line)
+    return lines
+
+
+def _wheel(root: str, out: str) -> str:
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "-w", out, root], check=True, cwd=root)
+    wheels = glob.glob(os.path.join(out, "*.whl"))
+    if len(wheels) != 1:
+        raise RuntimeError(f"expected one wheel in {out}, found {wheels}")
+    return wheels[0]
+
+
+def build_student_package(root: str, out_dir: str) -> str:
+    """Write `<out_dir>/llm-parallelism-course.tar.gz` (and the wheel beside it); return the archive's path."""
+    os.makedirs(out_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        top = os.path.join(tmp, PACKAGE_DIR)
+        os.makedirs(os.path.join(top, "wheels"))
+        wheel = _wheel(root, os.path.join(top, "wheels"))
+        shutil.copy2(wheel, out_dir)
+        shutil.copytree(os.path.join(root, "release"), os.path.join(top, "release"),
+                        ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+        for md in sorted(glob.glob(os.path.join(root, "assignments", "*.md"))
+                         + glob.glob(os.path.join(root, "assignments", "*", "*.md"))):
+            rel = os.path.relpath(md, root)
+            os.makedirs(os.path.join(top, os.path.dirname(rel)), exist_ok=True)
+            shutil.copy2(md, os.path.join(top, rel))
+        with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
+            section = student_section(f.read())
+        with open(os.path.join(top, "README.md"), "w", encoding="utf-8") as f:
+            f.write("# Parallelism for Large-Scale LLM Training: student package\n\n" + section)
+        archive = os.path.join(out_dir, PACKAGE_DIR + ".tar.gz")
+        with tarfile.open(archive, "w:gz") as tar:
+            tar.add(top, arcname=PACKAGE_DIR)
+    return archive

@@ -1,0 +1,155 @@
+"""What a student sees for each kind of fault, in a real Jupyter kernel (what JupyterLab shows).
+
+    .venv/bin/python -m pytest -q tests/test_student_messages.py
+
+Each case runs the release notebook's set-up, one answer cell (the reference
+solution with one plausible mistake) and that exercise's visible test cell in
+a kernel, and asserts on the error the notebook displays: IPython's rendering
+of it (`_render_traceback_`), which is what JupyterLab draws under the cell.
+- a stub: the exercise and the function are named, and nothing else is shown;
+- ranks that call different collectives: which rank called what, and the
+  student's line that called it;
+- a missing backward collective: the missing collective first, then the wrong numbers;
+- a deadlock: reported in under 5 s with the line each rank is blocked on.
+No frame of the course's own code or of torch is shown, and a passing test
+prints one line.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import nbformat
+from nbclient import NotebookClient
+from nbformat import v4
+
+from course import ROOT
+
+sys.path.insert(0, ROOT)
+from solutions import submissions  # noqa: E402
+from solutions.mutants import mutant  # noqa: E402
+
+
+def _meta(cell) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def _cells(assignment: str, answer: str, test: str, edit=None) -> list:
+    """The release notebook's locked set-up cells, one answer cell (reference, optionally edited), one test."""
+    nb = submissions.reference_submission(assignment)
+    out, last = [], None
+    for cell in nb.cells:
+        meta = _meta(cell)
+        if cell.cell_type != "code" or not meta:
+            continue
+        gid = meta["grade_id"]
+        if meta.get("locked") and not meta.get("grade") and gid in ("setup", "helpers", "layer_helpers"):
+            out.append(cell.source)
+        elif gid == answer:
+            out.append(edit.apply(cell.source) if edit else cell.source)
+        elif gid == test:
+            last = cell.source
+    return out + [last]
+
+
+def _run(sources: list[str]):
+    nb = v4.new_notebook()
+    nb.cells = [v4.new_code_cell(src) for src in sources]
+    client = NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True)
+    t0 = time.monotonic()
+    client.execute()
+    return nb, time.monotonic() - t0
+
+
+def _shown(cell) -> str:
+    """What the notebook displays for a cell: streams and each error's traceback lines (as rendered)."""
+    parts = []
+    for out in cell.outputs:
+        if out.output_type == "stream":
+            parts.append(out.text)
+        elif out.output_type == "error":
+            parts.append("\n".join(out.traceback))
+    return "\n".join(parts)
+
+
+def _assert_no_internals(text: str) -> None:
+    for internal in ("site-packages", "/autograder/", "distributed_c10d", "Traceback (most recent call last)",
+                     "CollectiveFingerPrint", "\x1b["):
+        assert internal not in text, f"the student sees {internal!r}:\n{text}"
+
+
+def test_a_stub_names_its_exercise_and_function():
+    sources = _cells("02_tensor_parallel", "column_row", "test_column_parallel_linear")
+    release = nbformat.read(submissions.notebook_path("release", "02_tensor_parallel"), as_version=4)
+    stub = next(c.source for c in release.cells if _meta(c).get("grade_id") == "column_row")
+    sources[-2] = stub
+    nb, _ = _run(sources)
+    text = _shown(nb.cells[-1])
+    assert text.startswith("NotImplementedError: Exercise 3 is not done yet: ColumnParallelLinear.__init__ is "
+                           "still the stub"), text
+    _assert_no_internals(text)
+
+
+MISMATCH = mutant(
+    "reversed_on_rank_1", "all_reduce_gradients",
+    [("    for param in model.parameters():\n",
+      "    params = list(model.parameters())\n"
+      "    for param in (params if dist.get_rank(group) == 0 else params[::-1]):\n")],
+    must_fail={"test_all_reduce_gradients"}, why="rank 1 walks the parameters in reverse order")
+
+
+def test_ranks_calling_different_collectives_are_told_who_called_what_where():
+    nb, _ = _run(_cells("01_data_parallel", "all_reduce_gradients", "test_all_reduce_gradients", MISMATCH))
+    text = _shown(nb.cells[-1])
+    first = text.splitlines()[0]
+    assert first.startswith("DistributedError: Exercise 1") and "FAILED" in first, text
+    assert "collective #1 on the group of ranks [0, 1] differs between ranks:" in text
+    assert "rank 0: all_reduce of [7, 5] float64, called at Cell In[" in text
+    assert "rank 1: all_reduce of [3] float64, called at Cell In[" in text
+    assert "in all_reduce_gradients" in text
+    _assert_no_internals(text)
+
+
+MISSING_BACKWARD = mutant(
+    "copy_to_identity_backward", "tp_mappings",
+    [("return _reduce(grad_output, ctx.group), None", "return grad_output, None")],
+    must_fail={"test_copy_to_region"}, why="f's backward left as identity")
+
+
+def test_a_missing_backward_collective_is_named_before_the_wrong_numbers():
+    nb, _ = _run(_cells("02_tensor_parallel", "tp_mappings", "test_copy_to_region", MISSING_BACKWARD))
+    text = _shown(nb.cells[-1])
+    missing = text.find("expected 1 all_reduce of [4, 3, 6] float64 in backward, saw 0")
+    numbers = text.find("The numbers are wrong too: ")
+    assert 0 < missing < numbers, text
+    assert "input gradient (backward)" in text
+    _assert_no_internals(text)
+
+
+DEADLOCK = mutant(
+    "recv_instead_of_all_reduce", "all_reduce_gradients",
+    [("dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=group)",
+      "dist.recv(param.grad, src=(dist.get_rank(group) + 1) % world_size, group=group)")],
+    must_fail={"test_all_reduce_gradients"}, why="every rank waits to receive")
+
+
+def test_a_deadlock_is_reported_within_seconds_with_the_blocked_line():
+    sources = _cells("01_data_parallel", "all_reduce_gradients", "test_all_reduce_gradients", DEADLOCK)
+    sources[-1] = "import time\n_t0 = time.monotonic()\ntry:\n" + "\n".join(
+        "    " + line for line in sources[-1].splitlines()) + "\nfinally:\n    print(f'took {time.monotonic() - _t0:.1f} s')"
+    nb, _ = _run(sources)
+    text = _shown(nb.cells[-1])
+    took = float(text.split("took ", 1)[1].split(" s", 1)[0])
+    assert took < 5, f"the deadlock took {took} s to report:\n{text}"
+    assert "deadlock" in text
+    assert "each was blocked in recv (torch.distributed), called at Cell In[" in text
+    assert "dist.recv(param.grad" in text
+    _assert_no_internals(text)
+
+
+def test_a_passing_test_prints_one_line():
+    nb, _ = _run(_cells("01_data_parallel", "all_reduce_gradients", "test_all_reduce_gradients"))
+    text = _shown(nb.cells[-1])
+    assert [line for line in text.splitlines() if line.strip()] == [text.strip()], text
+    assert text.startswith("\u2713 Exercise 1 \u00b7 ") and "passed (world size 2," in text, text
