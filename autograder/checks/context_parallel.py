@@ -455,7 +455,8 @@ def _my_group(rank: int, world_size: int, cp_size: int):
 
 
 def _deadlock_hint(exc: DistributedError, what: str) -> DistributedError:
-    if "timed out" not in exc.summary:
+    """A hung ring (the runner's deadlock detection or its timeout) gets the usual cause and its fix first."""
+    if "deadlock" not in exc.summary and "timed out" not in exc.summary:
         return exc
     hint = (f"{what}: the ranks did not finish. In a ring every receive needs a matching send: each rank sends "
             f"to (rank + 1) % w and receives from (rank - 1) % w (group ranks), posted together "
