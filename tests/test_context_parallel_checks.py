@@ -118,6 +118,11 @@ def test_steps_are_cut_at_the_first_wait_after_each_transfer():
                rec("wait", 10)]
     assert [[r.seq for r in g] for g in checks._post_groups(records, "forward")] == [[1, 2], [7, 8]]
     assert checks._steps(records, {3: 10, 4: 5, 9: 7, 11: 1}) == [15, 7, 1]
+    # a buffer allocated between a send and its receive (seq 2 is an op without FLOPs) stays one transfer;
+    # a matmul between two posts splits them
+    records = [rec("send", 1), rec("recv", 3), rec("send", 5), rec("wait", 6)]
+    assert [[r.seq for r in g] for g in checks._post_groups(records, "forward", {2: 0, 4: 0})] == [[1, 3, 5]]
+    assert [[r.seq for r in g] for g in checks._post_groups(records, "forward", {4: 8})] == [[1, 3], [5]]
 
 
 # ---------------------------------------------------------------------------
@@ -257,3 +262,33 @@ def test_the_lessons_trace_is_the_references():
     assert len(quoted) == 8
     for line in quoted:
         assert line.strip() in lesson, line
+
+
+def test_plain_isend_irecv_with_buffers_allocated_between_posts_is_accepted():
+    """Spec: isend/irecv one by one give the same ledger as batch_isend_irecv; both are accepted."""
+
+    def one_by_one(q, k, v, *, cp_group, causal):
+        size, rank = cp_group.size(), cp_group.rank()
+        s_local = q.shape[1]
+        out = torch.zeros_like(q)
+        lse = torch.full(q.shape[:3], float("-inf"), dtype=q.dtype)
+        for step in range(size):
+            if step + 1 < size:
+                works = [dist.isend(k.contiguous(), group=cp_group, group_dst=(rank + 1) % size)]
+                nk = torch.empty_like(k)  # allocated between the posts
+                works.append(dist.irecv(nk, group=cp_group, group_src=(rank - 1) % size))
+                works.append(dist.isend(v.contiguous(), group=cp_group, group_dst=(rank + 1) % size))
+                nv = torch.empty_like(v)
+                works.append(dist.irecv(nv, group=cp_group, group_src=(rank - 1) % size))
+            src = (rank - step) % size
+            if not causal or src <= rank:
+                out, lse = merge_attention(out, lse, *attention_with_lse(q, k, v, causal=causal, q_offset=rank * s_local,
+                                                                         k_offset=src * s_local))
+            if step + 1 < size:
+                for w in works:
+                    w.wait()
+                k, v = nk, nv
+        return out, lse
+
+    checks.check_ring_attention(one_by_one, world_size=3, causal=True, seq=9)
+    checks.check_ring_overlap(one_by_one, world_size=3, seq=9)

@@ -389,20 +389,20 @@ class _FlopTrace(CommLedger):
         return out
 
 
-def _post_groups(records, phase: str) -> list[list]:
-    """The ring transfers of `phase`: runs of consecutive send/recv records (waits end a run)."""
-    groups, current, last_seq = [], [], None
-    events = sorted((r for r in records if r.phase == phase), key=lambda r: r.seq)
-    for r in events:
+def _post_groups(records, phase: str, flops: dict | None = None) -> list[list]:
+    """The ring transfers of `phase`: runs of send/recv records with no wait and no matmul (an op with FLOPs in
+    `flops`) between them; other ops (allocating a receive buffer, a copy) may sit between the posts."""
+    matmuls = sorted(seq for seq, f in (flops or {}).items() if f)
+    groups, current = [], []
+    for r in sorted((r for r in records if r.phase == phase), key=lambda r: r.seq):
         if r.op in ("send", "recv"):
-            if current and last_seq is not None and r.seq != last_seq + 1:
+            if current and any(current[-1].seq < m < r.seq for m in matmuls):
                 groups.append(current)
                 current = []
             current.append(r)
-            last_seq = r.seq
         elif r.op == "wait" and current:
             groups.append(current)
-            current, last_seq = [], None
+            current = []
     if current:
         groups.append(current)
     return groups
@@ -410,7 +410,7 @@ def _post_groups(records, phase: str) -> list[list]:
 
 def _steps(records, flops: dict, phase: str = "forward") -> list[int]:
     """FLOPs per ring step: a step ends at the first wait after each transfer is posted."""
-    groups = _post_groups(records, phase)
+    groups = _post_groups(records, phase, flops)
     waits = sorted(r.seq for r in records if r.op == "wait" and r.phase == phase)
     bounds = []
     for g in groups:
@@ -646,12 +646,12 @@ def check_ring_overlap(ring_attention, *, world_size: int = 2, batch: int = 2, s
         if not any(flops.values()):
             raise CheckFailure(f"rank {rank} ({what}): no matmul was traced in forward: compute attention with "
                                f"explicit matmuls (torch.matmul / einsum in attention_with_lse).\n{trace}")
-        groups = _post_groups(recs, "forward")
+        groups = _post_groups(recs, "forward", flops)
         if len(groups) != world_size - 1:
             raise CheckFailure(
                 f"rank {rank} ({what}): expected {world_size - 1} ring transfers in forward (one batch of posts "
-                f"per step but the last: send K and V to the next rank, receive the next K and V), saw "
-                f"{len(groups)} batch(es) of sends/receives.\n{trace}")
+                f"per step but the last: send K and V to the next rank, receive the next K and V, with no "
+                f"attention and no wait between them), saw {len(groups)} batch(es) of sends/receives.\n{trace}")
         waits = sorted(r.seq for r in recs if r.op == "wait" and r.phase == "forward")
         for i, g in enumerate(groups):
             after = [s for s in waits if s > g[-1].seq]
