@@ -61,7 +61,7 @@ def reference_attention(q, k, v, *, causal, q_offset=0, k_offset=0):
     scores = torch.einsum("bqnd,bknd->bnqk", q, k) / math.sqrt(q.shape[-1])
     visible = _visible(q.shape[1], k.shape[1], causal, q_offset, k_offset)
     has_key = visible.any(dim=-1)[:, None]  # [sq, 1]
-    scores = scores.masked_fill(~visible, float("-inf"))
+    scores = torch.where(visible, scores, torch.full_like(scores, -math.inf))
     lse = torch.logsumexp(scores, dim=-1)  # [b, n, sq]; -inf where no key
     probs = torch.softmax(scores.masked_fill(~has_key, 0.0), dim=-1) * has_key
     out = torch.einsum("bnqk,bknd->bqnd", probs, v)
