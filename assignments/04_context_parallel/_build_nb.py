@@ -492,10 +492,12 @@ def build() -> NotebookBuilder:
     compute. Change the numbers and run it again.
     """)
     nb.code("""
+    from IPython.display import Markdown
+
     from autograder.hardware import H100_NODE
     from autograder.volume import cp_comparison_table
 
-    print(cp_comparison_table(seq=131072, batch=1, hidden=4096, kv_hidden=1024, cp=8, node=H100_NODE))
+    Markdown(cp_comparison_table(seq=131072, batch=1, hidden=4096, kv_hidden=1024, cp=8, node=H100_NODE))
     """)
     nb.nccl_checks("""
     [

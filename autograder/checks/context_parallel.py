@@ -909,12 +909,12 @@ def plot_ring_flops(ring_attention, zigzag_ring_attention, *, world_size: int = 
             xs = [r + (j - 0.5) * 0.38 for r in range(w)]
             ax.bar(xs, values, width=0.36, color=colors[layout], label=layout)
             for x, val in zip(xs, values):
-                ax.text(x, val, f"{val:.0f}", ha="center", va="bottom", fontsize=7)
+                ax.text(x, val, f"{val:.3g}", ha="center", va="bottom", fontsize=7)
         con = max(r[phase] for r in m["contiguous"])
         zig = max(r[phase] for r in m["zigzag"])
         ax.set_xticks(range(w), [f"rank {r}" for r in range(w)], fontsize=8)
         ax.set_ylabel("kFLOPs", fontsize=8)
-        ax.set_title(f"{phase}: busiest rank {con / 1e3:.0f} (contiguous) vs {zig / 1e3:.0f} kFLOPs (zigzag)",
+        ax.set_title(f"{phase}: busiest rank {con / 1e3:.3g} (contiguous) vs {zig / 1e3:.3g} kFLOPs (zigzag)",
                      fontsize=10)
         ax.legend(fontsize=8)
     fig.suptitle(f"Causal ring attention, world size {w}, [b, s, n, d] = {fmt_shape(m['shape'])}: FLOPs per rank "
