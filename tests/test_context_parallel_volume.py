@@ -129,6 +129,15 @@ def test_readme_numbers_are_computed():
     # section 1: attention's FLOPs equal the linear layers' 24 b s h^2 at s = 6h; 34 s b h bytes of activations
     assert attention_flops(6 * 4096, 6 * 4096, 1, 4096) == 24 * (6 * 4096) * 4096 ** 2 and "24,576 tokens" in readme
     assert round(34 * 131072 * 4096 / 2 ** 30) == 17 and "17 GiB" in readme
+    for kv, link, tokens in ((4096, H100_NODE.nvlink, 1421), (4096, H100_NODE.network, 11889)):
+        assert ring_overlap_min_tokens(4096, kv, link=link, phase="backward") == tokens and f"{tokens:,}" in readme
+    # section 3: Ulysses sends w kv / (h + kv) times less than the ring
+    for w, kv, ratio in ((2, 4096, 1.0), (8, 4096, 4.0), (8, 1024, 1.6)):
+        ring_fwd = cp_ring_bytes(131072, 1, kv, w)["forward"]
+        assert ring_fwd / cp_ulysses_bytes(131072, 1, 4096, kv, w)["forward"] == pytest.approx(ratio)
+    ring_bwd = cp_ring_bytes(131072, 1, 4096, 8, grad_bytes_per_element=4)
+    # "about three times as much": K/V again (1x) plus dK/dV in float32 (2x), one more turn than forward
+    assert ring_bwd["backward"] == pytest.approx(3 * ring_bwd["forward"] + 2 * (131072 // 8) * 4096 * 4)
     ring = cp_attention_seconds(8192, 1, 4096, 4096, 8, scheme="ring", link=H100_NODE.network)
     uly = cp_attention_seconds(8192, 1, 4096, 4096, 8, scheme="ulysses", link=H100_NODE.network)
     assert ring["total"] > uly["total"]  # the README's claim: short sequences across nodes favour Ulysses
