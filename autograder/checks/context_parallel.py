@@ -946,7 +946,8 @@ def _a2a_rank(rank, world_size, fn, xs, gs, scatter_dim, gather_dim, backend):
     return {"out": _cpu(y), "grad": _cpu(x.grad), "records": ledger.records}
 
 
-def _expect_a2a(records, *, rank, size, counts: dict, numel: int, context: str) -> None:
+def _expect_a2a(records, *, rank, counts: dict, numel: int, context: str) -> None:
+    """Exactly `counts[phase]` all-to-alls of `numel` elements in each phase, and no other communication."""
     for phase, count in counts.items():
         mine = [r for r in records if r.phase == phase and r.op != "wait"]
         a2a = [r for r in mine if r.op == "all_to_all" and math.prod(r.shape) == numel]
@@ -977,7 +978,7 @@ def check_seq_all_to_all(seq_all_to_all, *, world_size: int = 2, shape=(2, 4, 6,
             if w == 1:
                 expect_no_comm(res["records"], rank=rank, context=f"{ctx}; a group of one communicates nothing")
             else:
-                _expect_a2a(res["records"], rank=rank, size=w, counts={"forward": 1, "backward": 1},
+                _expect_a2a(res["records"], rank=rank, counts={"forward": 1, "backward": 1},
                             numel=math.prod(shape), context=ctx)
         with findings.numbers():
             assert_close(res["out"], ys[rank].detach(), name=f"{ctx}: output", rank=rank)
@@ -1030,7 +1031,7 @@ def check_ulysses_attention(ulysses_attention, *, world_size: int = 2, causal: b
             if w == 1:
                 expect_no_comm(res["records"], rank=rank, context=f"{ctx}; a group of one communicates nothing")
             else:
-                _expect_a2a(res["records"], rank=rank, size=w, counts={"forward": 4, "backward": 4},
+                _expect_a2a(res["records"], rank=rank, counts={"forward": 4, "backward": 4},
                             numel=batch * (seq // w) * n_heads * head_dim,
                             context=f"{ctx}: q, k, v and out, each [b, s/w, n, d] <-> [b, s, n/w, d]")
         with findings.numbers():
