@@ -255,22 +255,19 @@ def build() -> NotebookBuilder:
        with the **global** offsets of both, merged into `(out, lse)`;
     3. wait on every work handle, then swap in the received K and V.
 
-    Return `(out.to(q.dtype), lse)`. The given `ring_attention` (below your
-    answer) validates the arguments and wraps forward and backward in an
-    autograd Function. Graded: out and lse against full attention (world
+    Return `(out.to(q.dtype), lse)`. The answer cell ends with code that is
+    already written: the autograd Function `_RingAttention` around your
+    forward (and, after exercise 4, your backward), and the entry point
+    `ring_attention`, which validates the arguments. Backward needs the final
+    `out` and `lse`, so forward saves them; `lse` is returned for inspection
+    only. Leave those two as they are. Graded: out and lse against full attention (world
     sizes 1 to 4, causal or not, a CP group inside a larger world, lse above
     709), exactly `2(w-1)` sends of `[b, s/w, n, d]` to the next group rank and
     `2(w-1)` receives from the previous one, and, from the ledger's order of
     posts, compute and waits, that each transfer is in flight while a block
     is computed. Details: [02_ring_attention.md](../../assignments/04_context_parallel/02_ring_attention.md).
     """)
-    nb.solution_from("ring_forward", cp, "ring_send_recv", "ring_attention_forward")
-    nb.markdown("""
-    Given: the autograd Function around your forward (and, after exercise 4,
-    your backward), and the entry point. Backward needs the final `out` and
-    `lse`, so forward saves them; `lse` is returned for inspection only.
-    """)
-    nb.given("ring_function", source_of(cp, "_RingAttention", "ring_attention"))
+    nb.solution_from("ring_forward", cp, "ring_send_recv", "ring_attention_forward", "_RingAttention", "ring_attention")
     nb.test("test_ring_forward", 12,
             doc="ring_attention forward: out and lse equal full attention; 2(w-1) sends to the next rank, 2(w-1) receives from the previous.",
             visible="""
@@ -370,14 +367,15 @@ def build() -> NotebookBuilder:
       `dout`, `lse` with q; pad a half-block dK/dV share with zeros to the
       block's shape).
 
-    The given `zigzag_ring_attention` validates and wraps them. Graded:
+    The cell ends with the Function and the entry point `zigzag_ring_attention`,
+    already written (it also checks that the local length is even). Graded:
     numbers and P2P as for the contiguous ring, and equal work measured with
     `torch.utils.flop_counter.FlopCounterMode` (which counts a masked block as
     full work: skipping is what saves it). Details, and what zigzag means for
     positions (RoPE): [03_zigzag.md](../../assignments/04_context_parallel/03_zigzag.md).
     """)
-    nb.solution_from("zigzag", zz, "zigzag_split", "zigzag_ring_attention_forward", "zigzag_ring_attention_backward")
-    nb.given("zigzag_function", source_of(zz, "_ZigzagRingAttention", "zigzag_ring_attention"))
+    nb.solution_from("zigzag", zz, "zigzag_split", "zigzag_ring_attention_forward", "zigzag_ring_attention_backward",
+                     "_ZigzagRingAttention", "zigzag_ring_attention")
     nb.test("test_zigzag_split", 4,
             doc="zigzag_split keeps chunks r and 2w-1-r in that order; a length not divisible by 2w raises ValueError.",
             visible="""

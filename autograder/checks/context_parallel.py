@@ -147,6 +147,31 @@ def _check_pair(res, what: str, out_shape, lse_shape, *, rank=None):
 
 
 # ---------------------------------------------------------------------------
+# The student's code runs in a rank, also for the single-device exercises
+# ---------------------------------------------------------------------------
+
+def _job_rank(rank, world_size, job, args):
+    try:
+        return {"value": job(*args)}
+    except CheckFailure as exc:  # a verdict reached next to the student's code: sent back as data
+        return {"failure": str(exc)}
+
+
+def _on_a_rank(job, *args, timeout: float = _TIMEOUT):
+    """`job(*args)` (which calls the student's function) in one rank process; its data back, or its verdict.
+
+    Single-device exercises run this way too, never in the grading process: a
+    grader that keeps student code out of its own process (autograder.trusted)
+    runs them like every other rank program, and autograd and exceptions stay
+    next to the student's code, where they happen.
+    """
+    res = run_distributed(_job_rank, 1, args=(job, args), timeout=timeout)[0]
+    if "failure" in res:
+        raise CheckFailure(res["failure"])
+    return res["value"]
+
+
+# ---------------------------------------------------------------------------
 # Exercise 1: attention with its LSE
 # ---------------------------------------------------------------------------
 
@@ -177,25 +202,33 @@ def check_attention_with_lse(attention_with_lse, *, causal: bool, q_offset: int 
             f"q_offset={q_offset}, k_offset={k_offset}), {dtype_name(dtype)}")
     if masked_rows:
         what += f" (queries {masked_rows} see no key)"
-    qs, ks, vs = (t.clone().requires_grad_() for t in (q, k, v))
-    out, lse = _check_pair(attention_with_lse(qs, ks, vs, causal=causal, q_offset=q_offset, k_offset=k_offset),
-                           what, q.shape, q.shape[:3])
+    res = _on_a_rank(_attention_job, attention_with_lse, q, k, v, dout, causal, q_offset, k_offset, what)
+    out, lse = res["out"], res["lse"]
     _first_nan("out", out, what)
     _first_nan("lse", lse, what)
-    if not out.requires_grad:
-        raise CheckFailure(f"{what}: out does not require grad (the autograd graph was cut: detach(), .data "
-                           f"or torch.no_grad()?); Ulysses back-propagates through it")
-    out.backward(dout)
     ref_out, ref_lse = reference_attention(q, k, v, causal=causal, q_offset=q_offset, k_offset=k_offset)
     dq, dk, dv = reference_attention_grads(q, k, v, dout, causal=causal, q_offset=q_offset, k_offset=k_offset)
     assert_close(out, ref_out.to(dtype), name=f"{what}: out")
     rtol, atol = tolerance(dtype)
     assert_close(lse, ref_lse, name=f"{what}: lse", check_dtype=False, rtol=rtol, atol=atol)
-    for name, t in (("q.grad", qs.grad), ("k.grad", ks.grad), ("v.grad", vs.grad)):
-        _first_nan(name, t, what)
-    assert_close(qs.grad, dq.to(dtype), name=f"{what}: q.grad")
-    assert_close(ks.grad, dk.to(dtype), name=f"{what}: k.grad")
-    assert_close(vs.grad, dv.to(dtype), name=f"{what}: v.grad")
+    for name in ("q.grad", "k.grad", "v.grad"):
+        _first_nan(name, res[name], what)
+    assert_close(res["q.grad"], dq.to(dtype), name=f"{what}: q.grad")
+    assert_close(res["k.grad"], dk.to(dtype), name=f"{what}: k.grad")
+    assert_close(res["v.grad"], dv.to(dtype), name=f"{what}: v.grad")
+
+
+def _attention_job(fn, q, k, v, dout, causal, q_offset, k_offset, what):
+    qs, ks, vs = (t.clone().requires_grad_() for t in (q, k, v))
+    out, lse = _check_pair(fn(qs, ks, vs, causal=causal, q_offset=q_offset, k_offset=k_offset),
+                           what, q.shape, q.shape[:3])
+    if not out.requires_grad:
+        raise CheckFailure(f"{what}: out does not require grad (the autograd graph was cut: detach(), .data "
+                           f"or torch.no_grad()?); Ulysses back-propagates through it")
+    if not (torch.isnan(out).any() or torch.isnan(lse).any()):  # NaN is reported (in the parent) as such
+        out.backward(dout)
+    return {"out": _cpu(out), "lse": _cpu(lse), "q.grad": _cpu(qs.grad), "k.grad": _cpu(ks.grad),
+            "v.grad": _cpu(vs.grad)}
 
 
 # ---------------------------------------------------------------------------
@@ -208,14 +241,21 @@ def _blocks(q, k, v, bounds, causal):
             for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def _merge_all(merge_attention, parts, order, what, start=None):
-    """Fold `parts` in `order` with the student's merge; returns (out, lse)."""
-    acc = start if start is not None else parts[order[0]]
-    rest = order if start is not None else order[1:]
-    for i in rest:
-        res = merge_attention(acc[0], acc[1], parts[i][0], parts[i][1])
-        acc = _check_pair(res, f"{what}: merge_attention", parts[i][0].shape, parts[i][1].shape)
-    return acc
+def _merge_job(merge_attention, parts, orders, whats, start):
+    """Fold `parts` in each order with the student's merge (from `start`, or the first block); the results."""
+    results = []
+    for order, what in zip(orders, whats):
+        acc = start if start is not None else parts[order[0]]
+        for i in (order if start is not None else order[1:]):
+            res = merge_attention(acc[0], acc[1], parts[i][0], parts[i][1])
+            acc = _check_pair(res, f"{what}: merge_attention", parts[i][0].shape, parts[i][1].shape)
+        results.append((_cpu(acc[0]), _cpu(acc[1])))
+    return results
+
+
+def _merge_all(merge_attention, parts, orders, whats, start=None):
+    """The student's merge folded over every order, in one rank."""
+    return _on_a_rank(_merge_job, merge_attention, parts, [list(o) for o in orders], whats, start)
 
 
 def _compare_merged(merged, ref_out, ref_lse, what, dtype):
@@ -244,10 +284,11 @@ def check_merge_attention(merge_attention, *, batch: int = 2, seq_q: int = 4, bo
     parts = [(o.to(dtype), l.to(torch.promote_types(dtype, torch.float32)))
              for o, l in _blocks(q, k, v, list(bounds), causal)]
     ref_out, ref_lse = reference_attention(q, k, v, causal=causal)
-    for order in itertools.permutations(range(len(parts))):
-        what = (f"merge_attention over key blocks {list(zip(bounds[:-1], bounds[1:]))} merged in the order "
-                f"{list(order)}, q {fmt_shape(q.shape)}, {dtype_name(dtype)}")
-        _compare_merged(_merge_all(merge_attention, parts, order, what), ref_out, ref_lse, what, dtype)
+    orders = list(itertools.permutations(range(len(parts))))
+    whats = [f"merge_attention over key blocks {list(zip(bounds[:-1], bounds[1:]))} merged in the order "
+             f"{list(order)}, q {fmt_shape(q.shape)}, {dtype_name(dtype)}" for order in orders]
+    for merged, what in zip(_merge_all(merge_attention, parts, orders, whats), whats):
+        _compare_merged(merged, ref_out, ref_lse, what, dtype)
 
 
 def check_merge_large_logits(merge_attention, *, batch: int = 2, seq_q: int = 4, seq_k: int = 8,
@@ -267,10 +308,11 @@ def check_merge_large_logits(merge_attention, *, batch: int = 2, seq_q: int = 4,
         raise ValueError(f"check parameters: the largest lse is {float(ref_lse.max()):.0f}; raise logit_scale")
     half = seq_k // 2
     parts = _blocks(q, k, v, [0, half, seq_k], False)
-    for order in ((0, 1), (1, 0)):
-        what = (f"merge_attention of two key blocks, float64 logits with lse up to {float(ref_lse.max()):.0f} "
-                f"(> 709: exp(lse) overflows), merged in the order {list(order)}")
-        _compare_merged(_merge_all(merge_attention, parts, order, what), ref_out, ref_lse, what, torch.float64)
+    orders = [(0, 1), (1, 0)]
+    whats = [f"merge_attention of two key blocks, float64 logits with lse up to {float(ref_lse.max()):.0f} "
+             f"(> 709: exp(lse) overflows), merged in the order {list(order)}" for order in orders]
+    for merged, what in zip(_merge_all(merge_attention, parts, orders, whats), whats):
+        _compare_merged(merged, ref_out, ref_lse, what, torch.float64)
 
 
 def check_merge_fully_masked(merge_attention, *, batch: int = 2, seq_q: int = 6, n_heads: int = 3,
@@ -293,17 +335,16 @@ def check_merge_fully_masked(merge_attention, *, batch: int = 2, seq_q: int = 6,
     ref_out, ref_lse = reference_attention(q, k, v, causal=True)
     empty = (torch.zeros(batch, seq_q, n_heads, head_dim, dtype=acc),
              torch.full((batch, seq_q, n_heads), float("-inf"), dtype=acc))
-    for order in itertools.permutations(range(len(parts))):
-        what = (f"merge_attention of causal key blocks [0, 3), [3, 6), [6, 9) for queries at positions 0..5 "
-                f"(rows with no visible key: lse = -inf), starting from the empty state (out 0, lse -inf), "
-                f"merged in the order {list(order)}")
-        _compare_merged(_merge_all(merge_attention, parts, order, what, start=empty), ref_out, ref_lse, what, dtype)
-    # Two fully masked blocks merged together: still out = 0, lse = -inf.
-    masked = parts[2]
-    what = "merge_attention of two blocks whose every row is fully masked"
-    res = _check_pair(merge_attention(masked[0], masked[1], masked[0], masked[1]), what,
-                      masked[0].shape, masked[1].shape)
-    _compare_merged(res, torch.zeros_like(ref_out), torch.full_like(ref_lse, float("-inf")), what, dtype)
+    orders = list(itertools.permutations(range(len(parts))))
+    whats = [f"merge_attention of causal key blocks [0, 3), [3, 6), [6, 9) for queries at positions 0..5 "
+             f"(rows with no visible key: lse = -inf), starting from the empty state (out 0, lse -inf), "
+             f"merged in the order {list(order)}" for order in orders]
+    # and two fully masked blocks merged together: still out = 0, lse = -inf
+    both = "merge_attention of two blocks whose every row is fully masked"
+    merged = _merge_all(merge_attention, parts + [parts[2]], orders + [(2, 3)], whats + [both])
+    for res, what in zip(merged[:-1], whats):
+        _compare_merged(res, ref_out, ref_lse, what, dtype)
+    _compare_merged(merged[-1], torch.zeros_like(ref_out), torch.full_like(ref_lse, float("-inf")), both, dtype)
 
 
 # ---------------------------------------------------------------------------
@@ -684,14 +725,12 @@ def check_attention_block_backward(attention_block_backward, *, causal: bool = T
     out, lse = reference_attention(q, k, v, causal=causal)
     dq, dk, dv = reference_attention_grads(q, k, v, dout, causal=causal)
     total = torch.zeros_like(dq)
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        what = (f"attention_block_backward(q {fmt_shape(q.shape)}, keys {a}..{b - 1}, causal={causal}, q_offset=0, "
-                f"k_offset={a}) with the final out and lse, {dtype_name(dtype)}")
-        res = attention_block_backward(q, k[:, a:b], v[:, a:b], out.to(dtype), dout, lse,
-                                       causal=causal, q_offset=0, k_offset=a)
-        if not isinstance(res, (tuple, list)) or len(res) != 3:
-            raise CheckFailure(f"{what} returned {type(res).__name__}; expected (dq, dk, dv)")
-        bdq, bdk, bdv = res
+    pairs = list(zip(bounds[:-1], bounds[1:]))
+    whats = [f"attention_block_backward(q {fmt_shape(q.shape)}, keys {a}..{b - 1}, causal={causal}, q_offset=0, "
+             f"k_offset={a}) with the final out and lse, {dtype_name(dtype)}" for a, b in pairs]
+    blocks = _on_a_rank(_block_backward_job, attention_block_backward, q, k, v, out.to(dtype), dout, lse, causal,
+                        pairs, whats)
+    for (a, b), what, (bdq, bdk, bdv) in zip(pairs, whats, blocks):
         for name, t in (("dq", bdq), ("dk", bdk), ("dv", bdv)):
             _first_nan(name, t, what)
         rtol, atol = tolerance(dtype)
@@ -706,6 +745,16 @@ def check_attention_block_backward(attention_block_backward, *, causal: bool = T
                  check_dtype=False, rtol=tolerance(dtype)[0], atol=tolerance(dtype)[1])
 
 
+def _block_backward_job(fn, q, k, v, out, dout, lse, causal, pairs, whats):
+    results = []
+    for (a, b), what in zip(pairs, whats):
+        res = fn(q, k[:, a:b], v[:, a:b], out, dout, lse, causal=causal, q_offset=0, k_offset=a)
+        if not isinstance(res, (tuple, list)) or len(res) != 3 or not all(isinstance(t, torch.Tensor) for t in res):
+            raise CheckFailure(f"{what} returned {type(res).__name__}; expected a tuple (dq, dk, dv) of tensors")
+        results.append(tuple(_cpu(t) for t in res))
+    return results
+
+
 # ---------------------------------------------------------------------------
 # Exercise 5: the zigzag split and the balance of work
 # ---------------------------------------------------------------------------
@@ -718,34 +767,47 @@ def check_zigzag_split(zigzag_split, *, cp_size: int = 2, shape=(2, 8, 3), dim: 
     seq = shape[dim]
     pos_shape = [1] * len(shape)
     pos_shape[dim] = seq
-    positions = torch.arange(seq, dtype=torch.float64).reshape(pos_shape).expand(*shape)
-    for r in range(cp_size):
+    positions = torch.arange(seq, dtype=torch.float64).reshape(pos_shape).expand(*shape).contiguous()
+    bad = list(shape)
+    bad[dim] = 2 * cp_size * 2 + cp_size  # divisible by w, not by 2w
+    res = _on_a_rank(_zigzag_split_job, zigzag_split, x, positions, cp_size, dim, bad)
+    for r, (got, held) in enumerate(res["shards"]):
         what = f"zigzag_split(x {fmt_shape(shape)}, cp_rank={r}, cp_size={cp_size}, dim={dim})"
-        got = zigzag_split(x, cp_rank=r, cp_size=cp_size, dim=dim)
         want = zigzag_shard(x, r, cp_size, dim)
-        if isinstance(got, torch.Tensor) and tuple(got.shape) == tuple(want.shape) and not torch.equal(got, want):
-            held = zigzag_split(positions, cp_rank=r, cp_size=cp_size, dim=dim)  # the positions the split keeps
+        if not isinstance(got, torch.Tensor):
+            raise CheckFailure(f"{what} returned {type(got).__name__}, expected a tensor of shape {fmt_shape(want.shape)}")
+        if tuple(got.shape) == tuple(want.shape) and not torch.equal(got, want) and isinstance(held, torch.Tensor):
             held = [int(p) for p in held.movedim(dim, 0).reshape(held.shape[dim], -1)[:, 0]]
             raise CheckFailure(f"{what}: the shard holds positions {_span(held)}, expected "
                                f"{_span(_positions('zigzag', r, cp_size, seq))} (chunks {r} and "
                                f"{2 * cp_size - 1 - r} of {2 * cp_size}, in that order)")
         assert_close(got, want, name=f"{what}: the shard")
-    bad = list(shape)
-    bad[dim] = 2 * cp_size * 2 + cp_size  # divisible by w, not by 2w
     what = f"zigzag_split(x {fmt_shape(bad)}, cp_rank=0, cp_size={cp_size}, dim={dim})"
-    try:
-        zigzag_split(torch.zeros(bad), cp_rank=0, cp_size=cp_size, dim=dim)
-    except ValueError as exc:
-        msg = str(exc)
-        if str(bad[dim]) not in msg or str(2 * cp_size) not in msg:
-            raise CheckFailure(f"{what}: the ValueError should name the sequence length ({bad[dim]}) and "
-                               f"2 * cp_size ({2 * cp_size}); its message was {msg!r}") from None
-    except Exception as exc:  # noqa: BLE001 - the verdict names it
-        raise CheckFailure(f"{what}: expected ValueError (length {bad[dim]} is not divisible by 2w = "
-                           f"{2 * cp_size}), got {type(exc).__name__}: {exc}") from None
-    else:
+    error = res["error"]
+    if error is None:
         raise CheckFailure(f"{what}: expected ValueError (length {bad[dim]} is not divisible by 2w = "
                            f"{2 * cp_size}), nothing was raised")
+    kind, msg = error
+    if kind != "ValueError":
+        raise CheckFailure(f"{what}: expected ValueError (length {bad[dim]} is not divisible by 2w = "
+                           f"{2 * cp_size}), got {kind}: {msg}")
+    if str(bad[dim]) not in msg or str(2 * cp_size) not in msg:
+        raise CheckFailure(f"{what}: the ValueError should name the sequence length ({bad[dim]}) and "
+                           f"2 * cp_size ({2 * cp_size}); its message was {msg!r}")
+
+
+def _zigzag_split_job(fn, x, positions, cp_size, dim, bad_shape):
+    shards = [(_cpu(fn(x, cp_rank=r, cp_size=cp_size, dim=dim)), _cpu(fn(positions, cp_rank=r, cp_size=cp_size,
+                                                                       dim=dim)))
+              for r in range(cp_size)]
+    error = None
+    try:
+        fn(torch.zeros(bad_shape), cp_rank=0, cp_size=cp_size, dim=dim)
+    except NotImplementedError:
+        raise  # a stub: reported as such
+    except Exception as exc:  # noqa: BLE001 - the verdict (in the parent) names it
+        error = (type(exc).__name__, str(exc))
+    return {"shards": shards, "error": error}
 
 
 def _flops_rank(rank, world_size, fns, case, backend):
