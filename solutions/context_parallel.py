@@ -213,6 +213,7 @@ def ring_attention_forward(q, k, v, *, cp_group, causal):
 class _RingAttention(torch.autograd.Function):
     """Ring attention: K/V around the ring in forward; K/V again, and dK/dV home, in backward.
 
+    Already written (leave it as it is): it calls your two functions.
     ring-flash-attention `ring_flash_attn.RingFlashAttnFunc`. The backward needs
     the final `out` and `lse` of forward, so they are saved; `lse` is returned
     for inspection and is not differentiable.

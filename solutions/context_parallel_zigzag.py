@@ -141,7 +141,10 @@ def zigzag_ring_attention_backward(q, k, v, out, lse, dout, *, cp_group):
 # ---------------------------------------------------------------------------
 
 class _ZigzagRingAttention(torch.autograd.Function):
-    """Causal ring attention on the zigzag layout (ring-flash-attention `ZigZagRingFlashAttnFunc`)."""
+    """Causal ring attention on the zigzag layout (ring-flash-attention `ZigZagRingFlashAttnFunc`).
+
+    Already written (leave it as it is): it calls your two functions.
+    """
 
     @staticmethod
     def forward(ctx, q, k, v, cp_group):
