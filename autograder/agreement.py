@@ -82,19 +82,21 @@ class NonContiguousTensor(ValueError):
     """The student's code gave a collective a non-contiguous tensor (gloo copies it; NCCL refuses it)."""
 
 
-_DISPATCH_FILES = ("agreement.py", "ledger.py")
-
-
 def _direct_student_caller():
-    """The student's frame that called the collective directly, or None (a library called it)."""
+    """The student's frame that called the collective directly, or None (a library, or a check, called it).
+
+    Walking outwards from the dispatch, torch's frames and the course's own
+    (dispatch modes such as the ledger or a check's guard) are passed over;
+    the first other frame decides.
+    """
     from autograder.report import is_student_file
 
     torch_dir = os.path.dirname(torch.__file__) + os.sep
+    course_dir = os.path.dirname(os.path.abspath(__file__)) + os.sep
     frame = sys._getframe(1)
     while frame is not None:
         f = frame.f_code.co_filename
-        here = os.path.dirname(os.path.abspath(__file__)) + os.sep
-        if f.startswith(torch_dir) or (f.startswith(here) and os.path.basename(f) in _DISPATCH_FILES):
+        if f.startswith(torch_dir) or f.startswith(course_dir):
             frame = frame.f_back
             continue
         return frame if is_student_file(f) else None

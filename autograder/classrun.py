@@ -455,7 +455,11 @@ def grade_class(root: str, assignment: str, *, jobs: int | None = None, shard: t
         index, count = shard
         everyone = [s for s in everyone if shard_of(s, count) == index - 1]
     previous = read_results(root, assignment)
-    workbase = tempfile.mkdtemp(prefix=f"autograder-{assignment}-")
+    # scratch space for each submission's runs: AUTOGRADER_WORKDIR (a large, fast disk), else the temp folder
+    scratch = os.environ.get("AUTOGRADER_WORKDIR") or None
+    if scratch:
+        os.makedirs(scratch, exist_ok=True)
+    workbase = tempfile.mkdtemp(prefix=f"autograder-{assignment}-", dir=scratch)
     records, todo = [], []
     try:
         for student in everyone:
@@ -485,7 +489,15 @@ def grade_class(root: str, assignment: str, *, jobs: int | None = None, shard: t
             template = prepare_template(root, assignment, os.path.join(workbase, "template"))
             for job in todo:
                 job["template"] = template
-            records += _run_jobs(todo, jobs or os.cpu_count() or 1, progress, log)
+            # each record is saved as soon as it is done (not in shard runs: their file is written at the end)
+            saved = set()
+
+            def on_done(rec):
+                _write_record(root, rec)
+                saved.add(rec["student"])
+            records += _run_jobs(todo, jobs or os.cpu_count() or 1, progress, log,
+                                 None if shard is not None else on_done)
+            records = [dict(r, _saved=True) if r["student"] in saved else r for r in records]
         for rec in records:
             if rec.get("status") in ("rejected", "error") and not rec.get("unchanged"):
                 log(f"  \u2717 {rec['student']}: {rec['reason']}")
@@ -495,7 +507,7 @@ def grade_class(root: str, assignment: str, *, jobs: int | None = None, shard: t
     return sorted(records, key=lambda r: r["student"])
 
 
-def _run_jobs(todo: list[dict], jobs: int, progress: bool, log) -> list[dict]:
+def _run_jobs(todo: list[dict], jobs: int, progress: bool, log, on_done=None) -> list[dict]:
     """Grade the jobs in `jobs` worker processes (spawned: no state from this process), with a progress bar."""
     results = []
     bar = None
@@ -516,6 +528,8 @@ def _run_jobs(todo: list[dict], jobs: int, progress: bool, log) -> list[dict]:
                                 job["warnings"], job["hash"], job["fingerprint"], job["max_score"], [])
                 rec["status"] = "error"
             results.append(rec)
+            if on_done is not None:
+                on_done(rec)
             if bar is not None:
                 if rec.get("status") != "graded":
                     bar.write(f"  \u2717 {rec['student']}: {rec['reason']}")
@@ -535,11 +549,12 @@ def _save(root: str, assignment: str, records: list[dict], shard, out: str | Non
         os.replace(path + ".tmp", path)
         return
     for rec in records:
-        _write_record(root, rec)
+        if not rec.get("unchanged") and not rec.pop("_saved", False):
+            _write_record(root, rec)
 
 
 def _write_record(root: str, rec: dict) -> None:
-    rec = {k: v for k, v in rec.items() if k != "unchanged"}
+    rec = {k: v for k, v in rec.items() if k not in ("unchanged", "_saved")}
     html = rec.get("feedback_html")
     if html is not None:
         nb_dir = os.path.join(root, "feedback", rec["student"], rec["assignment"])

@@ -572,6 +572,18 @@ def run_distributed(fn, world_size: int, *, args: tuple = (), timeout: float = 2
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _running(pid: int) -> bool:
+    """Whether any thread of the process is runnable (state R): computing, or waiting only for a CPU."""
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "R":
+                    return True
+    except (OSError, IndexError):
+        return False
+    return False
+
+
 def _cpu_seconds(pid: int) -> float | None:
     """CPU time (user + system) a process has used so far; None where it cannot be read."""
     try:
@@ -606,7 +618,9 @@ class _IdleWatch:
 
     A rank waiting in a collective, a P2P receive or the runner's final wait
     sleeps in the kernel; a rank that computes, however slowly, uses the CPU.
-    Less than `busy` CPU-seconds per second across all live ranks counts as idle.
+    Less than `busy` CPU-seconds per second across all live ranks counts as
+    idle, and only while no thread of theirs is runnable: on a loaded machine
+    a rank that waits for a CPU is slow, not deadlocked.
     """
 
     def __init__(self, procs, window: float = DEADLOCK_IDLE_S, busy: float = 0.05, sample: float = 0.25):
@@ -627,6 +641,9 @@ class _IdleWatch:
             if t is None:
                 return False  # cannot tell: rely on the timeout
             total += t
+        if any(_running(self.procs[rank].pid) for rank in live):
+            self.history = []  # someone is (or wants to be) computing: start a new window
+            return False
         self.history.append((now, total))
         while len(self.history) > 1 and now - self.history[1][0] >= self.window:
             self.history.pop(0)
@@ -694,9 +711,18 @@ def _supervise(procs: list[_RankProcess], workdir: str, timeout: float, show_out
         results = []
         import torch
 
+        from autograder.trusted import safe_load
+
         for rank in range(world_size):
             with open(os.path.join(workdir, f"rank{rank}.result"), "rb") as f:
-                results.append(torch.load(io.BytesIO(f.read()), weights_only=False))
+                data = f.read()
+            try:  # data only (weights_only): what a rank sends back cannot run code in the caller
+                results.append(safe_load(data))
+            except Exception as exc:  # noqa: BLE001 - an object that is not plain data
+                raise DistributedError(
+                    f"run_distributed: rank {rank} sent back something that is not plain data "
+                    f"({str(exc).splitlines()[0][:300]}). Rank programs return tensors, numbers, strings, "
+                    f"and lists, tuples and dicts of them.", []) from None
         if show_output:
             _print_outputs(workdir, world_size)
         return results

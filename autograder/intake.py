@@ -107,8 +107,14 @@ def check_submission(folder: str, release: dict, release_name: str, others: dict
                       f"grading id): delete the copies")
         return out
     release_ids = set(_grade_ids(release))
-    if ids and not set(ids) & release_ids:
-        match = next((a for a, other in others.items() if set(ids) & other), None)
+    answers = {_meta(c)["grade_id"] for c in release["cells"] if _meta(c).get("solution")}
+
+    def likeness(other: set) -> float:
+        return len(set(ids) & other) / max(1, len(set(ids) | other))
+
+    best = max(others, key=lambda a: likeness(others[a]), default=None)
+    if ids and (not set(ids) & answers or (best is not None and likeness(others[best]) > likeness(release_ids))):
+        match = best if best is not None and likeness(others[best]) > 0 else None
         out.reason = (f"{chosen} is " + (f"assignment {match}'s notebook" if match else "another notebook")
                       + f", not {release_name}")
         return out

@@ -222,6 +222,11 @@ class Sandbox:
 
         def enter():
             os.setsid()
+            for limit_name, value in ((resource.RLIMIT_FSIZE, 2**30), (resource.RLIMIT_CORE, 0)):
+                try:  # one file at most 1 GiB (Python gets EFBIG, an OSError: SIGXFSZ is ignored); no core dumps
+                    resource.setrlimit(limit_name, (value, value))
+                except (ValueError, OSError):
+                    pass
             if cgroups.active:
                 cgroups.enter()
             elif limit is not None:  # no cgroups: bound each process's address space instead

@@ -51,11 +51,15 @@ _MARKERS = re.compile(r"^[ \t]*### (BEGIN|END) (SOLUTION|HIDDEN TESTS)[ \t]*$", 
 # ---------------------------------------------------------------------------
 
 def _safe_classes() -> list:
-    """Classes a rank may send back besides tensors and containers: the ledger's records."""
-    from autograder import ledger
-
-    return [c for c in vars(ledger).values() if isinstance(c, type) and dataclasses.is_dataclass(c)
-            and c.__module__ == ledger.__name__]
+    """Classes a rank may send back besides tensors and containers: the dataclasses of the course's own
+    modules (the ledger's records, the checks' result records), rebuilt field by field, no code run."""
+    out = []
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "autograder" or name.startswith("autograder.")):
+            continue
+        out += [c for c in vars(module).values() if isinstance(c, type) and dataclasses.is_dataclass(c)
+                and c.__module__ == name]
+    return out
 
 
 def safe_load(data: bytes):
@@ -130,8 +134,12 @@ def _cell_filename(meta: dict, index: int) -> str:
     return f"<answer cell {gid}>" if meta.get("solution") else f"<cell {gid or index}>"
 
 
-def _executable_cells(nb: dict) -> list[tuple[str, str]]:
-    """(filename, source) of the code cells the zygote runs: everything but graded test cells."""
+def _executable_cells(nb: dict, skip: frozenset = frozenset()) -> list[tuple[str, str]]:
+    """(filename, source) of the code cells the zygote runs: everything but graded test cells.
+
+    `skip`: sources of free cells to leave out (the notebook's own pictures and
+    scratch examples, as released: they define nothing the student wrote).
+    """
     out = []
     for i, cell in enumerate(nb.get("cells", [])):
         if cell.get("cell_type") != "code":
@@ -141,13 +149,15 @@ def _executable_cells(nb: dict) -> list[tuple[str, str]]:
             continue
         src = cell.get("source", "")
         src = "".join(src) if isinstance(src, list) else src
+        if not meta and src in skip:
+            continue
         # IPython-only syntax (magics, shell escapes) has no meaning here
         src = "\n".join(line for line in src.splitlines() if not line.lstrip().startswith(("%", "!")))
         out.append((_cell_filename(meta, i), src))
     return out
 
 
-def _zygote_main(workdir: str, notebook_path: str, output_limit: int) -> None:
+def _zygote_main(workdir: str, notebook_path: str, output_limit: int, skip_path: str = "") -> None:
     """Entry point in the sandbox: run the cells, then serve requests read from stdin (one JSON per line)."""
     import linecache
 
@@ -167,9 +177,13 @@ def _zygote_main(workdir: str, notebook_path: str, output_limit: int) -> None:
 
     with open(notebook_path, encoding="utf-8") as f:
         nb = json.load(f)
+    skip = frozenset()
+    if skip_path:
+        with open(skip_path, encoding="utf-8") as f:
+            skip = frozenset(json.load(f))
     namespace: dict = {"__name__": "__main__", "__builtins__": __builtins__}
     cell_errors = []
-    for filename, src in _executable_cells(nb):
+    for filename, src in _executable_cells(nb, skip):
         linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
         try:
             exec(compile(src, filename, "exec"), namespace)  # noqa: S102 - the sandbox's purpose
@@ -267,11 +281,14 @@ class ZygoteClient:
     """The grader's handle on one submission's zygote (started in `sandbox`, if given)."""
 
     def __init__(self, notebook: dict, workdir: str, *, sandbox=None, start_timeout: float = 120.0,
-                 output_limit: int = 1_000_000):
+                 output_limit: int = 1_000_000, skip_cells=()):
         self.workdir = workdir
         self.notebook_path = os.path.join(workdir, "submission.ipynb")
         with open(self.notebook_path, "w", encoding="utf-8") as f:
             json.dump(notebook, f)
+        self.skip_path = os.path.join(workdir, "skip.json")
+        with open(self.skip_path, "w", encoding="utf-8") as f:
+            json.dump(sorted(skip_cells), f)
         self.sandbox = sandbox
         self.start_timeout = start_timeout
         self.output_limit = output_limit
@@ -283,8 +300,8 @@ class ZygoteClient:
     # -- life cycle -----------------------------------------------------------------
     def start(self) -> None:
         cmd = [sys.executable, "-c", "from autograder.trusted import _zygote_main; import sys; "
-               "_zygote_main(sys.argv[1], sys.argv[2], int(sys.argv[3]))",
-               self.workdir, self.notebook_path, str(self.output_limit)]
+               "_zygote_main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4])",
+               self.workdir, self.notebook_path, str(self.output_limit), self.skip_path]
         env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", "TMPDIR": self.workdir,
                "PYTHONHASHSEED": "0", "MPLBACKEND": "Agg"}
         env.pop("PYTHONSTARTUP", None)
@@ -514,7 +531,9 @@ def grade_notebook(submitted: dict, source: dict, *, workdir: str | None = None,
              and not _meta(c).get("grade")]
     deadline = time.monotonic() + budget
     try:
-        client = ZygoteClient(copy.deepcopy(submitted), workdir, sandbox=sandbox)
+        released_free = {_src(c) for c in source["cells"] if c.get("cell_type") == "code" and not _meta(c)}
+        client = ZygoteClient(copy.deepcopy(submitted), workdir, sandbox=sandbox, start_timeout=min(120.0, budget),
+                              skip_cells=released_free)
         try:
             client.__enter__()
         except RuntimeError as exc:
