@@ -315,3 +315,199 @@ def expert_data_parallel_size(world_size: int, *, ep: int, etp: int = 1, pp: int
         raise ValueError(f"expert_data_parallel_size: world size {world_size} is not divisible by "
                          f"ETP x EP x PP = {etp} x {ep} x {pp}")
     return world_size // (etp * ep * pp)
+
+
+# ---------------------------------------------------------------------------
+# Context parallelism (assignment 04, README sections 3-4): bytes per rank and time
+# ---------------------------------------------------------------------------
+# One attention layer, one micro-batch, activations [b, s, h]; K and V are
+# [b, s, kv_hidden] (kv_hidden = n_kv_heads * head_dim: smaller than h with GQA).
+# Bytes are SENT by each rank (it receives as much). Time uses the stated
+# figures of autograder/hardware.py; tests/test_context_parallel_volume.py checks
+# the byte formulas against the ledgers of the reference solutions.
+
+__all__ += ["cp_ring_bytes", "cp_ulysses_bytes", "cp_allgather_bytes", "cp_bytes_sent", "attention_flops",
+            "ring_step_seconds", "ring_overlap_min_tokens", "cp_attention_seconds", "cp_comparison_table",
+            "cp_winner_grid"]
+
+def cp_ring_bytes(s: int, b: int, kv_hidden: int, w: int, *, bytes_per_element: int = 2,
+                  grad_bytes_per_element: int | None = None, dkv_sends: str = "ring") -> dict[str, float]:
+    """Ring attention (P2P): forward sends K and V blocks [b, s/w, kv] w - 1 times each; backward sends them
+    again, plus the dK/dV accumulators w times (a full turn home, `dkv_sends="ring"`) or w - 1 ("te")."""
+    if w <= 1:
+        return {"forward": 0.0, "backward": 0.0, "total": 0.0}
+    if dkv_sends not in ("ring", "te"):
+        raise ValueError(f"dkv_sends must be 'ring' or 'te', got {dkv_sends!r}")
+    gbytes = bytes_per_element if grad_bytes_per_element is None else grad_bytes_per_element
+    block = b * (s // w) * kv_hidden  # elements of one K (or V) block
+    fwd = 2 * (w - 1) * block * bytes_per_element
+    turns = w if dkv_sends == "ring" else w - 1
+    bwd = fwd + 2 * turns * block * gbytes
+    return {"forward": float(fwd), "backward": float(bwd), "total": float(fwd + bwd)}
+
+
+def cp_ulysses_bytes(s: int, b: int, hidden: int, kv_hidden: int, w: int, *,
+                     bytes_per_element: int = 2) -> dict[str, float]:
+    """Ulysses: all-to-alls of q, k, v, out ([b, s/w, .] each); a rank keeps 1/w of each and sends (w-1)/w.
+    Backward: the four inverse all-to-alls (of dout, dq, dk, dv), the same bytes."""
+    if w <= 1:
+        return {"forward": 0.0, "backward": 0.0, "total": 0.0}
+    local = b * (s // w) * (2 * hidden + 2 * kv_hidden) * bytes_per_element
+    fwd = (w - 1) / w * local
+    return {"forward": fwd, "backward": fwd, "total": 2 * fwd}
+
+
+def cp_allgather_bytes(s: int, b: int, kv_hidden: int, w: int, *, bytes_per_element: int = 2,
+                       regather: bool = True) -> dict[str, float]:
+    """All-gathered K/V (Megatron `--cp-comm-type all_gather`, Llama 3): all-gather K and V to [b, s, kv] in
+    forward; in backward reduce-scatter dK and dV, after gathering K and V again (`regather`, as
+    TransformerEngine's AttnFuncWithCPAndKVAllGather does to save memory) or keeping them from forward."""
+    if w <= 1:
+        return {"forward": 0.0, "backward": 0.0, "total": 0.0}
+    full = b * s * kv_hidden * bytes_per_element
+    fwd = 2 * ring_factor("all_gather", w) * full
+    bwd = (fwd if regather else 0.0) + 2 * ring_factor("reduce_scatter", w) * full
+    return {"forward": fwd, "backward": bwd, "total": fwd + bwd}
+
+
+def cp_bytes_sent(records, *, phase: str | None = None) -> float:
+    """Bytes a rank sent by P2P and all-to-all in `records` (a send: its tensor; an all-to-all: (t-1)/t of its
+    input), plus its ring collectives (`bytes_sent`)."""
+    total = bytes_sent(records, phase=phase)
+    for r in records:
+        if phase is not None and r.phase != phase:
+            continue
+        if r.op == "send":
+            total += r.bytes
+        elif r.op == "all_to_all" and r.group_size > 1:
+            total += (r.group_size - 1) / r.group_size * r.bytes
+    return total
+
+
+def attention_flops(s_q: int, s_k: int, b: int, hidden: int, *, phase: str = "forward") -> float:
+    """Matmul FLOPs of softmax attention of s_q queries over s_k keys (hidden = n_heads * head_dim): forward
+    q k^T and p v, 2 * 2 b s_q s_k h; backward (FlashAttention-2, scores recomputed) 5 matmuls, 2.5x forward."""
+    fwd = 4.0 * b * s_q * s_k * hidden
+    if phase == "forward":
+        return fwd
+    if phase == "backward":
+        return 2.5 * fwd
+    raise ValueError(f"phase must be 'forward' or 'backward', got {phase!r}")
+
+
+def ring_step_seconds(s_local: int, b: int, hidden: int, kv_hidden: int, *, link, node=None, mfu: float = 0.5,
+                      bytes_per_element: int = 2, grad_bytes_per_element: int = 4, phase: str = "forward",
+                      work_fraction: float = 1.0) -> dict[str, float]:
+    """One ring step on the busiest rank: the block's attention compute against the transfer posted with it.
+
+    Forward: compute one block (s_local x s_local; `work_fraction` 0.5 for a zigzag half block) while K and V
+    blocks travel. Backward: the block's backward while K/V and the dK/dV accumulators (in
+    `grad_bytes_per_element`, float32 in ring-flash-attention) travel.
+    """
+    from .hardware import H100_NODE, compute_seconds, transfer_seconds
+
+    node = node or H100_NODE
+    flops = attention_flops(s_local, s_local, b, hidden, phase=phase) * work_fraction
+    block = b * s_local * kv_hidden
+    nbytes = 2 * block * bytes_per_element + (2 * block * grad_bytes_per_element if phase == "backward" else 0)
+    messages = 2 if phase == "forward" else 4
+    return {"compute": compute_seconds(flops, node, mfu=mfu),
+            "transfer": transfer_seconds(nbytes, link, messages=messages)}
+
+
+def ring_overlap_min_tokens(hidden: int, kv_hidden: int, *, link, node=None, mfu: float = 0.5, b: int = 1,
+                            bytes_per_element: int = 2, grad_bytes_per_element: int = 4, phase: str = "forward",
+                            work_fraction: float = 1.0) -> int:
+    """The smallest sequence length per rank (s/w) at which a ring step's transfer hides under its compute.
+
+    Compute grows as (s/w)^2 and the transfer as s/w (plus a latency per message), so above this length the
+    ring's communication is free; below it the ring waits on the link. Solves c x^2 = a x + L for x.
+    """
+    import math
+
+    one = ring_step_seconds(1, b, hidden, kv_hidden, link=link, node=node, mfu=mfu,
+                            bytes_per_element=bytes_per_element, grad_bytes_per_element=grad_bytes_per_element,
+                            phase=phase, work_fraction=work_fraction)
+    messages = 2 if phase == "forward" else 4
+    latency = messages * link.latency
+    c, a = one["compute"], one["transfer"] - latency  # seconds per token^2, per token
+    x = (a + math.sqrt(a * a + 4 * c * latency)) / (2 * c)
+    return math.ceil(x)
+
+
+def cp_attention_seconds(s: int, b: int, hidden: int, kv_hidden: int, w: int, *, scheme: str, link, node=None,
+                         mfu: float = 0.5, bytes_per_element: int = 2) -> dict[str, float]:
+    """Forward time of one non-causal attention layer on a rank of a CP group of w: compute, and the
+    communication that is NOT hidden under it.
+
+    ring: w steps of one block each; each of the first w - 1 steps takes max(compute, transfer), so the
+    exposed communication is (w - 1) * max(0, transfer - compute). ulysses: the same compute (the whole
+    sequence for n/w heads); its all-to-alls come before and after it: all exposed.
+    """
+    from .hardware import H100_NODE, transfer_seconds
+
+    node = node or H100_NODE
+    step = ring_step_seconds(s // w, b, hidden, kv_hidden, link=link, node=node, mfu=mfu,
+                             bytes_per_element=bytes_per_element)
+    compute = w * step["compute"]
+    if w <= 1:
+        exposed = 0.0
+    elif scheme == "ring":
+        exposed = (w - 1) * max(0.0, step["transfer"] - step["compute"])
+    elif scheme == "ulysses":
+        sent = cp_ulysses_bytes(s, b, hidden, kv_hidden, w, bytes_per_element=bytes_per_element)["forward"]
+        exposed = transfer_seconds(sent, link, messages=4 * (w - 1))
+    else:
+        raise ValueError(f"scheme must be 'ring' or 'ulysses', got {scheme!r}")
+    return {"compute": compute, "exposed": exposed, "total": compute + exposed}
+
+
+def cp_comparison_table(*, seq: int, batch: int, hidden: int, kv_hidden: int, cp: int, node=None,
+                        mfu: float = 0.5, bytes_per_element: int = 2) -> str:
+    """README section 4: bytes per rank of the three schemes, and the forward time of ring and Ulysses
+    inside a node (NVLink) and across nodes (InfiniBand), with the s/w above which the ring's transfers hide.
+    A markdown table (the README quotes it verbatim; a test regenerates it)."""
+    from .hardware import H100_NODE
+
+    node = node or H100_NODE
+    ring = cp_ring_bytes(seq, batch, kv_hidden, cp, bytes_per_element=bytes_per_element)
+    uly = cp_ulysses_bytes(seq, batch, hidden, kv_hidden, cp, bytes_per_element=bytes_per_element)
+    agk = cp_allgather_bytes(seq, batch, kv_hidden, cp, bytes_per_element=bytes_per_element)
+    mib = 2 ** 20
+    lines = [f"s = {seq}, b = {batch}, h = {hidden}, kv = {kv_hidden}, CP = {cp}, {8 * bytes_per_element}-bit, "
+             f"MFU {mfu:g}. Forward bytes sent per rank: ring {ring['forward'] / mib:.0f} MiB, Ulysses "
+             f"{uly['forward'] / mib:.0f} MiB, all-gathered K/V {agk['forward'] / mib:.0f} MiB.",
+             "",
+             "| CP group on | ring step: compute | ring step: transfer | ring hides above s/w | ring forward | "
+             "Ulysses forward |",
+             "|---|---|---|---|---|---|"]
+    for link in (node.nvlink, node.network):
+        step = ring_step_seconds(seq // cp, batch, hidden, kv_hidden, link=link, node=node, mfu=mfu,
+                                 bytes_per_element=bytes_per_element)
+        tokens = ring_overlap_min_tokens(hidden, kv_hidden, link=link, node=node, mfu=mfu, b=batch,
+                                         bytes_per_element=bytes_per_element)
+        r = cp_attention_seconds(seq, batch, hidden, kv_hidden, cp, scheme="ring", link=link, node=node, mfu=mfu,
+                                 bytes_per_element=bytes_per_element)
+        u = cp_attention_seconds(seq, batch, hidden, kv_hidden, cp, scheme="ulysses", link=link, node=node,
+                                 mfu=mfu, bytes_per_element=bytes_per_element)
+        lines.append(f"| {link.describe()} | {step['compute'] * 1e3:.2f} ms | {step['transfer'] * 1e3:.2f} ms | "
+                     f"{tokens} | {r['total'] * 1e3:.1f} ms | {u['total'] * 1e3:.1f} ms |")
+    return "\n".join(lines)
+
+
+def cp_winner_grid(*, hidden: int, kv_hidden: int, seqs, cps, link, node=None, batch: int = 1, mfu: float = 0.5,
+                   bytes_per_element: int = 2) -> str:
+    """README section 4: forward time of ring vs Ulysses for sequence lengths x CP sizes on one link, as a
+    markdown table: each cell `ring ms / Ulysses ms: faster`."""
+    header = "| s \\ CP (ring / Ulysses, ms) | " + " | ".join(str(c) for c in cps) + " |"
+    lines = [header, "|---" * (len(cps) + 1) + "|"]
+    for s in seqs:
+        cells = []
+        for w in cps:
+            r = cp_attention_seconds(s, batch, hidden, kv_hidden, w, scheme="ring", link=link, node=node, mfu=mfu,
+                                     bytes_per_element=bytes_per_element)["total"] * 1e3
+            u = cp_attention_seconds(s, batch, hidden, kv_hidden, w, scheme="ulysses", link=link, node=node,
+                                     mfu=mfu, bytes_per_element=bytes_per_element)["total"] * 1e3
+            cells.append(f"{r:.3g} / {u:.3g}: **{'ring' if r <= u else 'Ulysses'}**")
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
