@@ -132,8 +132,9 @@ def grader_fingerprint(root: str, assignment: str) -> str:
     import autograder
 
     h = hashlib.sha256()
-    with open(source_notebook(root, assignment), "rb") as f:
-        h.update(f.read())
+    for path in (source_notebook(root, assignment), os.path.join(root, "nbgrader_config.py")):
+        with open(path, "rb") as f:
+            h.update(f.read())
     pkg = os.path.dirname(os.path.abspath(autograder.__file__))
     for path in sorted(glob.glob(os.path.join(pkg, "**", "*.py"), recursive=True)):
         h.update(os.path.relpath(path, pkg).encode())
@@ -216,6 +217,28 @@ def prepare_template(root: str, assignment: str, dest: str) -> str:
         raise ClassRunError(f"could not prepare the scratch course for {assignment}:\n{proc.stdout[-2000:]}"
                             f"{proc.stderr[-2000:]}")
     return dest
+
+
+def _cached_template(root: str, assignment: str, fingerprint: str) -> str:
+    """The scratch course template for this grader version, made once (graded/.templates/)."""
+    folder = os.path.join(root, GRADED, ".templates")
+    path = os.path.join(folder, f"{assignment}-{fingerprint}")
+    if not os.path.exists(os.path.join(path, "gradebook.db")):
+        tmp = tempfile.mkdtemp(prefix=f".{assignment}-", dir=_ensure(folder))
+        prepare_template(root, assignment, tmp)
+        try:
+            os.rename(tmp, path)
+        except OSError:  # another run made it meanwhile
+            shutil.rmtree(tmp, ignore_errors=True)
+        for old in glob.glob(os.path.join(folder, f"{assignment}-*")):
+            if old != path:
+                shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+def _ensure(folder: str) -> str:
+    os.makedirs(folder, exist_ok=True)
+    return folder
 
 
 # ---------------------------------------------------------------------------
@@ -486,7 +509,7 @@ def grade_class(root: str, assignment: str, *, jobs: int | None = None, shard: t
                          "max_score": max_score, "workbase": workbase, "isolate": isolate,
                          "memory_bytes": memory_bytes, "max_pids": max_pids, "budget": budget})
         if todo:
-            template = prepare_template(root, assignment, os.path.join(workbase, "template"))
+            template = _cached_template(root, assignment, fp)
             for job in todo:
                 job["template"] = template
             # each record is saved as soon as it is done (not in shard runs: their file is written at the end)
