@@ -204,7 +204,7 @@ def graded(tmp_path_factory):
         write_submission(course, _student(case), nb)
     write_submission(course, "honest-reference", reference(course))
     t0 = time.monotonic()
-    proc = run_grade(course, "autograde", A, "--jobs", "2", "--budget", "25", "--memory", "2", "--quiet",
+    proc = run_grade(course, "autograde", A, "--jobs", "2", "--budget", "30", "--memory", "2", "--quiet",
                      timeout=3600)
     seconds = time.monotonic() - t0
     print(proc.stdout[-6000:])
