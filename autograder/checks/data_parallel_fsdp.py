@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import gc
 import math
+import time
 import weakref
 from dataclasses import dataclass
 
@@ -194,14 +195,35 @@ def _wrap(model, shard_fn, group, kwargs):
 # What stays allocated: weak references to storages, read after gc.collect()
 # ---------------------------------------------------------------------------
 
+# How long a storage may stay allocated, after the garbage collector ran, before it counts as kept.
+# gloo's worker thread holds the tensors of a finished collective a moment after wait() has returned
+# (ProcessGroupGloo::runLoop resets its `workInProgress_` slot only then): a weak reference read at once
+# sees them alive on some runs and not on others. A storage the program still references stays allocated
+# for good, so waiting for it to go (collecting again every 10 ms) changes no verdict, only removes the race.
+_RELEASE_GRACE_S = 2.0
+
+
+def _still_allocated(refs):
+    """The entries of `refs` [(weakref to a storage, label)] whose storage stays allocated (see _RELEASE_GRACE_S)."""
+    deadline = time.monotonic() + _RELEASE_GRACE_S
+    while True:
+        gc.collect()
+        alive = [label for ref, label in refs if ref() is not None and ref().nbytes() > 0]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.01)
+
+
 class _GatherWatcher(TorchDispatchMode):
     """Keeps a weak reference to the storage of every all-gather output.
 
     A storage is freed when nothing references it any more, or it holds no
     bytes after `untyped_storage().resize_(0)` (FSDP2's `free_storage`).
-    `alive()` first runs the garbage collector, so that the answer is the same
-    whatever the collector did before: a storage that survives a full
-    collection is reachable from live objects.
+    `alive()` runs the garbage collector first, so that the answer does not
+    depend on when the collector last ran (a storage that survives a full
+    collection is reachable from live objects), and gives gloo's worker thread
+    time to drop its own reference (`_RELEASE_GRACE_S`): the same code always
+    gets the same answer.
     """
 
     _OPS = {"_allgather_base_": "output_tensor", "allgather_into_tensor_coalesced_": "outputs",
@@ -225,8 +247,7 @@ class _GatherWatcher(TorchDispatchMode):
 
     def alive(self):
         """Shapes of gathered outputs whose storage is still reachable and holds bytes."""
-        gc.collect()
-        return [shape for ref, shape in self.storages if ref() is not None and ref().nbytes() > 0]
+        return _still_allocated(self.storages)
 
 
 def _tensors(x):
@@ -291,8 +312,7 @@ def _fsdp_rank(rank, world_size, shard_fn, case, backend):
     model = _wrap(model, shard_fn, group, kwargs)
     units = [prefix for prefix, _ in case["units"]]
     flat = {p: _unit_module(model, p)._parameters.get("flat_param") for p in units}
-    gc.collect()
-    result = {"originals_alive": sum(1 for r in originals if r() is not None and r().nbytes() > 0),
+    result = {"originals_alive": len(_still_allocated([(r, i) for i, r in enumerate(originals)])),
               "param_bytes": _storage_bytes(list(model.parameters())),
               "n_params": len(list(model.parameters())),
               "flat_dtypes": {p: (None if f is None else dtype_name(f.dtype)) for p, f in flat.items()},
@@ -541,8 +561,10 @@ def check_fsdp_memory(shard_fn, *, world_size=2, kind="transformer", model=None,
     references to the storages of the original parameters and (3) of every
     all-gather output, read right after forward and after backward, each time
     after `gc.collect()`: a storage that survives a full collection is
-    reachable, whatever the collector did before, so the same code always
-    gets the same answer. A storage resized to 0 bytes counts as freed.
+    reachable, whatever the collector did before; one that is still allocated
+    `_RELEASE_GRACE_S` later is not merely waiting for gloo's worker thread to
+    let go of a finished collective. So the same code always gets the same
+    answer. A storage resized to 0 bytes counts as freed.
     """
     model = model or ({"vocab": 11, "hidden": 8, "ffn": 12, "seq": 5, "layers": 2} if kind == "transformer"
                       else {"dims": (5, 7, 3)})
@@ -575,7 +597,7 @@ def check_fsdp_memory(shard_fn, *, world_size=2, kind="transformer", model=None,
                 if alive:
                     raise CheckFailure(
                         f"rank {rank} ({ctx}): {when.replace('_', ' ')}, {len(alive)} gathered parameter buffer(s) "
-                        f"of shape {alive} are still reachable (after gc.collect()). "
+                        f"of shape {alive} are still reachable (after gc.collect(), for {_RELEASE_GRACE_S:g} s). "
                         + ("Free them after forward: drop every reference (autograd's saved tensors included: "
                            "saved-tensor hooks) or resize their storage to 0, and gather again in backward."
                            if when == "after_forward" else
