@@ -181,6 +181,11 @@ def test_dp_time_lesson_numbers():
     one = dp_step_seconds(7e9, 64, 4096, link=ib)
     assert one["compute"] == pytest.approx(0.174, abs=0.0005)
     assert one["communication"] == pytest.approx(0.552, abs=0.0005)
+    assert dp_step_seconds(7e9, 64, 4096, link=ib, microbatches=4)["compute"] == pytest.approx(0.70, abs=0.005)
+    assert dp_step_seconds(7e9, 64, 4096, link=ib, microbatches=8)["compute"] == pytest.approx(1.39, abs=0.005)
+    node = dp_step_seconds(7e9, 8, 4096, link=H100_NODE.nvlink)  # d = 8 inside one node
+    assert node["communication"] == pytest.approx(0.054, abs=0.0005)
+    assert node["ratio"] == pytest.approx(0.31, abs=0.005)
     # the model size cancels out of the ratio: 2(d-1)/d * B * peak / (6 * tokens * bandwidth)
     assert dp_step_seconds(70e9, 64, 4096, link=ib)["ratio"] == pytest.approx(ratios[1], rel=2e-3)  # latency aside
     assert ratios[1] == pytest.approx(2 * 63 / 64 * 2 * H100_NODE.peak_flops / (6 * 4096 * ib.bytes_per_s), rel=2e-3)
@@ -192,7 +197,8 @@ def test_dp_time_lesson_numbers():
 
 @pytest.mark.parametrize("path,numbers", [
     ("assignments/02_tensor_parallel/README.md", ["2.71 ms", "1.21 ms", "9.68 ms", "0.45", "3.57"]),
-    ("assignments/01_data_parallel/README.md", ["0.174 s", "0.552 s", "3.17", "0.79", "0.40", "6.34", "0.59"]),
+    ("assignments/01_data_parallel/README.md", ["0.174 s", "0.552 s", "3.17", "0.79", "0.40", "6.34", "0.59",
+                                                "0.70 s", "1.39 s", "0.054 s", "0.31"]),
 ])
 def test_lessons_state_the_computed_numbers(path, numbers):
     import os
