@@ -200,7 +200,8 @@ def _wrap(model, shard_fn, group, kwargs):
 # (ProcessGroupGloo::runLoop resets its `workInProgress_` slot only then): a weak reference read at once
 # sees them alive on some runs and not on others. A storage the program still references stays allocated
 # for good, so waiting for it to go (collecting again every 10 ms) changes no verdict, only removes the race.
-_RELEASE_GRACE_S = 2.0
+# (Well under the runner's 2 s idle limit: ranks that all wait here must not look deadlocked.)
+_RELEASE_GRACE_S = 1.0
 
 
 def _still_allocated(refs):

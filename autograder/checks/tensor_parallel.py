@@ -904,6 +904,13 @@ def _async_rank(rank, world_size, fn, case, backend):
         y = fn.apply(x, w, b, group)
         _check_output_type(y, "LinearWithAsyncAllReduce.apply", rank, g.shape)
         y.backward(g)
+        if world_size > 1 and backend == "gloo":
+            # Settle: a gloo barrier completes only after all earlier work of the group, so an all-reduce
+            # that was never waited for has finished before the gradients are read. The numbers are then
+            # the same on every run; the missing wait() is graded by check_async_allreduce_overlap.
+            n = len(ledger.records)
+            dist.barrier(group=group)
+            del ledger.records[n:]  # the check's own barrier is not the student's communication
     return {"out": _cpu(y), "x_grad": _cpu(x.grad), "w_grad": _cpu(w.grad),
             "b_grad": _cpu(b.grad) if b is not None else None, "records": ledger.records, "ops": ledger.ops}
 
@@ -941,7 +948,10 @@ def check_async_allreduce_gradients(LinearWithAsyncAllReduce, *, world_size: int
 
     Rank r gets the replicated input `[s, b, in]` and rows `[r*out/t, (r+1)*out/t)`
     of the weight (and bias); checked: its output shard, the full input
-    gradient (all-reduced), its weight and bias gradients.
+    gradient (all-reduced), its weight and bias gradients. Deterministic: the
+    rank program lets every launched collective finish (a barrier) before it
+    reads the gradients, so a missing `wait()` cannot make the numbers depend
+    on thread scheduling (check_async_allreduce_overlap grades the wait).
     """
     results, expected, ctx, _ = _run_async(LinearWithAsyncAllReduce, world_size, in_features, out_features,
                                            seq, batch, bias, dtype, seed, backend, timeout)
@@ -975,7 +985,9 @@ def check_async_allreduce_overlap(LinearWithAsyncAllReduce, *, world_size: int =
     has the weight shard's shape (the weight-gradient matmul), and a
     `Work.wait()` AFTER that op, still inside backward. (CPU timing proves
     nothing: gloo runs collectives on its own threads.) A group of size 1:
-    no communication and no wait.
+    no communication and no wait. Deterministic: the order is the ledger's
+    sequence numbers, given in the one thread that runs CPU autograd, so the
+    same code gives the same trace on every run.
     """
     results, _, ctx, wshape = _run_async(LinearWithAsyncAllReduce, world_size, in_features, out_features,
                                          seq, batch, bias, dtype, seed, backend, timeout)
