@@ -220,6 +220,7 @@ class FSDPUnit:
 
     # -- saved-tensor hooks (reshard_after_forward=True) ------------------------------
     def _pack(self, tensor):
+        """Pack hook: a tensor autograd saves; a view of the gathered buffer becomes its place in it (`_ParamRef`)."""
         ### BEGIN SOLUTION
         full = self.full
         if (full is not None and tensor.dtype == full.dtype and tensor.device == full.device
@@ -229,6 +230,7 @@ class FSDPUnit:
         ### END SOLUTION
 
     def _unpack(self, packed):
+        """Unpack hook, in backward: the first place asked for gathers the buffer again; return the view."""
         ### BEGIN SOLUTION
         if not isinstance(packed, _ParamRef):
             return packed

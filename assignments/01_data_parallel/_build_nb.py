@@ -384,6 +384,14 @@ def build() -> NotebookBuilder:
       `{{name: tensor}}`, as the unsharded `module.state_dict()` would be
       (a tied parameter under each of its names; buffers too; master dtype):
       one all-gather per unit, shards untouched.
+
+    The methods of `_AllGatherParams` and `FSDPUnit` are a suggested
+    structure (the saved-tensor-hook route); only `fully_shard`,
+    `module.flat_param` (its layout) and `gather_full_params` are graded.
+    The tests use a small transformer (`TinyTransformer`: embedding plus a
+    position parameter of the root, blocks with RMSNorm and causal attention,
+    a head tied to the embedding) and a stack of linear layers, float64 and
+    mixed precision; a scratch cell below shows what your code communicates.
     """)
     nb.given("fsdp_layout", source_of(fsdp, "param_slots", "FlatLayout", "_ParamRef"))
     solution_cell(nb, "fully_shard", fsdp, "_AllGatherParams", "FSDPUnit", "fully_shard", "gather_full_params")

@@ -419,7 +419,13 @@ def check_ddp_buckets(ddp_cls, *, world_size=2, dims=(5, 7, 3), batch=3, bucket_
 @_one_thread
 def check_ddp_no_sync(ddp_cls, *, world_size=2, dims=(5, 7, 3), batch=3, micro_steps=3, bucket_cap_mb=25.0,
                       unused=False, dtype=torch.float64, seed=0, backend="gloo"):
-    """Inside no_sync() nothing is communicated; the last micro-step all-reduces the accumulated grads."""
+    """Inside no_sync() nothing is communicated; the last micro-step all-reduces the accumulated grads.
+
+    Which micro-step issued what is read from positions in the ledger recorded
+    between micro-steps (the rank program's own order: deterministic); the
+    buckets are settled by a barrier before finish_gradient_synchronization()
+    (see _ddp_rank), so the numbers do not depend on gloo's threads either.
+    """
     outs, expected, model = _run_ddp(ddp_cls, world_size, dims, batch, bucket_cap_mb, unused, False, False, dtype,
                                      seed, micro_steps, False, backend)
     n_buckets = 0 if world_size == 1 else len(expected_buckets(model, bucket_cap_mb))

@@ -313,7 +313,8 @@ def _fsdp_rank(rank, world_size, shard_fn, case, backend):
     model = _wrap(model, shard_fn, group, kwargs)
     units = [prefix for prefix, _ in case["units"]]
     flat = {p: _unit_module(model, p)._parameters.get("flat_param") for p in units}
-    result = {"originals_alive": len(_still_allocated([(r, i) for i, r in enumerate(originals)])),
+    measured = _still_allocated([(r, i) for i, r in enumerate(originals)]) if case["measure_memory"] else []
+    result = {"originals_alive": len(measured),
               "param_bytes": _storage_bytes(list(model.parameters())),
               "n_params": len(list(model.parameters())),
               "flat_dtypes": {p: (None if f is None else dtype_name(f.dtype)) for p, f in flat.items()},
@@ -332,13 +333,16 @@ def _fsdp_rank(rank, world_size, shard_fn, case, backend):
                 inp.requires_grad_()
             with watcher:
                 out = model(inp)
-            result["alive_after_forward"].append(watcher.alive())
+            # (without resharding the buffers stay to backward on purpose: nothing to measure after forward)
+            measure = case["measure_memory"] and step == 0
+            result["alive_after_forward"].append(watcher.alive() if measure and case["reshard"] else [])
             with watcher:
                 _loss(case, out, y[batch].to(dev)).backward()
-            result["alive_after_backward"].append(watcher.alive())
+            result["alive_after_backward"].append(watcher.alive() if measure else [])
             result["logits"].append(out.detach().cpu())
             if step == 0:
-                result["shard_grads"] = {p: (None if f.grad is None else f.grad.detach().cpu()) for p, f in flat.items()}
+                result["shard_grads"] = {p: (None if f.grad is None else f.grad.detach().cpu())
+                                         for p, f in flat.items()}
                 result["grad_dtypes"] = {p: (None if f.grad is None else dtype_name(f.grad.dtype))
                                          for p, f in flat.items()}
             if opt is not None:
@@ -373,9 +377,9 @@ def _reference(case, world_size):
     return logits, grads, params
 
 
-def _case(kind, model_kw, *, world_size, batch, steps, dtype, reshard, mp, seed, lr=0.1):
+def _case(kind, model_kw, *, world_size, batch, steps, dtype, reshard, mp, seed, lr=0.1, measure_memory=False):
     case = {"kind": kind, "model": dict(model_kw), "batch": batch, "steps": steps, "dtype": dtype,
-            "reshard": reshard, "mp": mp, "seed": seed, "lr": lr}
+            "reshard": reshard, "mp": mp, "seed": seed, "lr": lr, "measure_memory": measure_memory}
     case["units"] = fsdp_units(_build(case))
     case["data"] = _inputs(case, world_size)
     return case
@@ -391,9 +395,9 @@ def _describe(case, world_size):
 
 
 def _run(shard_fn, world_size, kind, model_kw, *, batch=2, steps=1, dtype=torch.float64, reshard=True, mp=None,
-         seed=0, backend="gloo"):
+         seed=0, backend="gloo", measure_memory=False):
     case = _case(kind, model_kw, world_size=world_size, batch=batch, steps=steps, dtype=dtype, reshard=reshard,
-                 mp=mp, seed=seed)
+                 mp=mp, seed=seed, measure_memory=measure_memory)
     outs = run_distributed(_fsdp_rank, world_size, args=(shard_fn, case, backend), backend=backend)
     return case, outs
 
@@ -463,7 +467,8 @@ def _unit_comm_expectations(comm, case, world_size, *, rank, steps, mp_dtypes, c
             if r.op != "wait" and r.phase == phase:
                 got[(r.op, tuple(r.shape), r.dtype)] = got.get((r.op, tuple(r.shape), r.dtype), 0) + 1
         if got != want:
-            fmt = lambda d: ", ".join(f"{n} {op} of [{s[0]}] {dt}" for (op, s, dt), n in sorted(d.items())) or "none"  # noqa: E731
+            def fmt(d):
+                return ", ".join(f"{n} {op} of [{s[0]}] {dt}" for (op, s, dt), n in sorted(d.items())) or "none"
             raise CheckFailure(
                 f"rank {rank} ({ctx}): in {phase} expected {fmt(want)}; saw {fmt(got)}. Per unit (padded sizes "
                 f"{sizes}): forward 1 all-gather; backward {'1 all-gather + ' if regather else ''}1 reduce-scatter "
@@ -538,7 +543,15 @@ def check_fsdp_numerics(shard_fn, *, world_size=2, kind="transformer", model=Non
 def check_fsdp_comm(shard_fn, *, world_size=2, kind="transformer", model=None, batch=2, reshard=True, mp=None,
                     dtype=torch.float64, seed=0, backend="gloo"):
     """Per unit and step: forward 1 all-gather, backward 1 all-gather (none when reshard_after_forward=False)
-    and 1 reduce-scatter of the same padded size (the all-gather's mirror), in the policy's dtypes."""
+    and 1 reduce-scatter of the same padded size (the all-gather's mirror), in the policy's dtypes.
+
+    The forward all-gathers are matched to the units in the order forward
+    runs them (the root's pre-hook first, then each block), which is the
+    program's own order: the same on every run. In the graded models every
+    unit's backward needs its parameters (floating inputs require grad), so a
+    unit that gathers again lazily, on first use, and one that gathers before
+    its backward issue the same count.
+    """
     model = model or ({"vocab": 11, "hidden": 8, "ffn": 12, "seq": 5, "layers": 2} if kind == "transformer"
                       else {"dims": (5, 7, 3)})
     case, outs = _run(shard_fn, world_size, kind, model, batch=batch, steps=1, dtype=dtype, reshard=reshard, mp=mp,
@@ -570,40 +583,34 @@ def check_fsdp_memory(shard_fn, *, world_size=2, kind="transformer", model=None,
     model = model or ({"vocab": 11, "hidden": 8, "ffn": 12, "seq": 5, "layers": 2} if kind == "transformer"
                       else {"dims": (5, 7, 3)})
     case, outs = _run(shard_fn, world_size, kind, model, batch=batch, steps=1, dtype=dtype, reshard=reshard,
-                      seed=seed, backend=backend)
+                      seed=seed, backend=backend, measure_memory=True)
     ctx = _describe(case, world_size)
     itemsize = torch.empty((), dtype=dtype).element_size()
-    findings = Findings()
-    for rank, out in enumerate(outs):
-        with findings.communication(hint=True):
-            _unit_comm_expectations(out["comm"], case, world_size, rank=rank, steps=1, mp_dtypes=_mp_dtypes(case),
-                                    ctx=ctx)
-        with findings.numbers():
-            if out["originals_alive"]:
-                raise CheckFailure(f"rank {rank} ({ctx}): after fully_shard, {out['originals_alive']} of the "
-                                   f"original full parameters are still in memory. Keep only this rank's shard "
-                                   f"(no reference to the original parameters).")
-            if world_size > 1:
-                sizes = padded_sizes(out["comm"], case, world_size, rank=rank)
-                want = sum(sizes) // world_size * itemsize
-                if out["param_bytes"] != want:
-                    raise CheckFailure(f"rank {rank} ({ctx}): at rest the model's parameters hold "
-                                       f"{out['param_bytes']} bytes; this rank's shards are {want} bytes (padded "
-                                       f"unit sizes {sizes} / {world_size} x {itemsize} bytes). Each unit keeps one "
-                                       f"flat_param of padded/d elements, its own storage, and nothing else.")
-            for when in ("after_forward", "after_backward"):
-                alive = out[f"alive_{when}"][0]
-                if when == "after_forward" and not case["reshard"]:
-                    continue  # reshard_after_forward=False keeps them to backward, on purpose
-                if alive:
-                    raise CheckFailure(
-                        f"rank {rank} ({ctx}): {when.replace('_', ' ')}, {len(alive)} gathered parameter buffer(s) "
-                        f"of shape {alive} are still reachable (after gc.collect(), for {_RELEASE_GRACE_S:g} s). "
-                        + ("Free them after forward: drop every reference (autograd's saved tensors included: "
-                           "saved-tensor hooks) or resize their storage to 0, and gather again in backward."
-                           if when == "after_forward" else
-                           "Free the buffer gathered for backward once the reduce-scatter has run."))
-    findings.raise_if_any()
+    for rank, out in enumerate(outs):  # memory, not numbers: the first finding is the message
+        if out["originals_alive"]:
+            raise CheckFailure(f"rank {rank} ({ctx}): after fully_shard, {out['originals_alive']} of the "
+                               f"original full parameters are still in memory. Keep only this rank's shard "
+                               f"(no reference to the original parameters).")
+        if world_size > 1:
+            sizes = padded_sizes(out["comm"], case, world_size, rank=rank)
+            want = sum(sizes) // world_size * itemsize
+            if out["param_bytes"] != want:
+                raise CheckFailure(f"rank {rank} ({ctx}): at rest the model's parameters hold "
+                                   f"{out['param_bytes']} bytes; this rank's shards are {want} bytes (padded "
+                                   f"unit sizes {sizes} / {world_size} x {itemsize} bytes). Each unit keeps one "
+                                   f"flat_param of padded/d elements, its own storage, and nothing else.")
+        for when in ("after_forward", "after_backward"):
+            alive = out[f"alive_{when}"][0]
+            if when == "after_forward" and not case["reshard"]:
+                continue  # reshard_after_forward=False keeps them to backward, on purpose
+            if alive:
+                raise CheckFailure(
+                    f"rank {rank} ({ctx}): {when.replace('_', ' ')}, {len(alive)} gathered parameter buffer(s) "
+                    f"of shape {alive} are still reachable (after gc.collect(), for {_RELEASE_GRACE_S:g} s). "
+                    + ("Free them after forward: drop every reference (autograd's saved tensors included: "
+                       "saved-tensor hooks) or resize their storage to 0, and gather again in backward."
+                       if when == "after_forward" else
+                       "Free the buffer gathered for backward once the reduce-scatter has run."))
 
 
 @_one_thread

@@ -747,7 +747,8 @@ def check_parallel_mlp(ParallelMLP, *, world_size: int = 2, sequence_parallel: b
     for rank, res in enumerate(results):
         if sorted(res["mlp_params"]) != sorted(want_params):
             raise CheckFailure(f"rank {rank} ({ctx}): ParallelMLP's parameters are {res['mlp_params']}; expected "
-                               f"{sorted(want_params)} (a master bias of None means no bias, as nn.Linear(bias=False)).")
+                               f"{sorted(want_params)} (a master bias of None means no bias, as "
+                               f"nn.Linear(bias=False)).")
         rows = slice(rank * part, (rank + 1) * part)
         assert_close(res["out"], split(y, rank).to(dtype), name=f"{ctx}: output", rank=rank)
         assert_close(res["x_grad"], split(grads["x"], rank).to(dtype), name=f"{ctx}: input gradient", rank=rank)
@@ -781,7 +782,9 @@ def check_sequence_parallel_grads(ParallelMLP, allreduce_sequence_parallel_grads
     results, y, grads, split, ctx = _run_mlp(ParallelMLP, allreduce_sequence_parallel_grads, t, hidden, ffn,
                                              seq, batch, sequence_parallel, dtype, seed, backend, timeout,
                                              unused=unused)
-    ctx += ", after allreduce_sequence_parallel_grads" + (" (one marked parameter without a gradient)" if unused else "")
+    ctx += ", after allreduce_sequence_parallel_grads"
+    if unused:
+        ctx += " (one marked parameter without a gradient)"
     part = ffn // t
     findings = Findings()
     for rank, res in enumerate(results):
