@@ -660,7 +660,7 @@ def check_zero_state_sharded(opt_cls, *, world_size=2, dims=(5, 7, 3), batch=3, 
                     owned += max(0, min(offset + p.numel(), hi) - max(offset, lo))
                 offset += p.numel()
         summary = out["state"]
-        if not summary:
+        if not summary and owned:  # a rank that owns only padding (or unused parameters) has no state
             raise CheckFailure(f"rank {rank} ({ctx}): found no state tensors in optimizer.state (nor in an inner "
                                f"optimizer kept as an attribute); the optimizer's state for your range must be there.")
         for key, (numel, dtypes) in summary.items():
