@@ -371,3 +371,18 @@ def test_failures_are_listed_in_the_same_order_every_run():
             run_distributed(_all_stubs, 3)
         orders.add(tuple(f.rank for f in info.value.failures))
     assert orders == {(0, 1, 2)}
+
+
+def _non_contiguous(rank, world_size):
+    x = torch.ones(4, 6).t()  # a transposed view
+    dist.all_reduce(x)
+
+
+def test_a_non_contiguous_tensor_given_to_a_collective_is_named():
+    """gloo would accept it (NCCL would not): the runner says so, with the student's line, on every backend."""
+    with pytest.raises(DistributedError) as info:
+        run_distributed(_non_contiguous, 2, timeout=30)
+    msg = str(info.value)
+    assert "rank 0 raised an exception, and rank(s) 1 the same one" in msg
+    assert "NonContiguousTensor: all_reduce was given a non-contiguous tensor (shape [6, 4], strides (1, 6))" in msg
+    assert "in _non_contiguous" in msg and ".contiguous()" in msg

@@ -42,15 +42,17 @@ DEADLOCK = mutant(
 DEADLOCK_ASSIGNMENT = "01_data_parallel"
 
 
-def _kernels() -> set[int]:
-    """PIDs of live ipykernel processes (kernels and the ranks they forked)."""
+def _kernels(root: str) -> set[int]:
+    """PIDs of live ipykernel processes (kernels and the ranks they forked) working inside `root`."""
     pids = set()
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
                 with open(f"/proc/{name}/cmdline", "rb") as f:
-                    if b"ipykernel" in f.read():
-                        pids.add(int(name))
+                    if b"ipykernel" not in f.read():
+                        continue
+                if os.readlink(f"/proc/{name}/cwd").startswith(root):
+                    pids.add(int(name))
             except OSError:
                 pass
     return pids
@@ -100,7 +102,7 @@ def graded(course):
     folder = os.path.join(course, "submitted", "deadlock", DEADLOCK_ASSIGNMENT)
     os.makedirs(folder)
     nbformat.write(nb, os.path.join(folder, os.path.basename(submissions.notebook_path("release", DEADLOCK_ASSIGNMENT))))
-    kernels_before = _kernels()
+    kernels_before = _kernels(course)
     t0 = time.monotonic()
     env = {**os.environ, "PYTHONPATH": course, "TORCH_CPP_LOG_LEVEL": "ERROR"}
     proc = subprocess.run([sys.executable, "-m", "autograder.grade", "demo"], cwd=course, env=env,
@@ -110,7 +112,7 @@ def graded(course):
     print(proc.stdout)
     print(f"demo grading took {seconds:.1f} s")
     rows = {(r["assignment"], r["student"]): r for r in gradebook_rows(course)}
-    return rows, proc.stdout, _kernels() - kernels_before
+    return rows, proc.stdout, _kernels(course) - kernels_before
 
 
 def _demo_mutant(assignment):

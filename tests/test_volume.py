@@ -19,7 +19,8 @@ from autograder.dist import run_distributed
 from autograder.ledger import CommLedger, select
 from autograder.hardware import H100_NODE
 from autograder.volume import (bytes_sent, dp_step_bytes, dp_step_seconds, ring_factor, tp_layer_bytes,
-                               tp_layer_seconds, tp_pair_bytes, transformer_layer_flops)
+                               tp_layer_seconds, tp_pair_bytes, transformer_layer_flops,
+                               transformer_layer_step_flops)
 from solutions.data_parallel import all_reduce_gradients, zero_bytes_per_param
 from solutions.data_parallel_fsdp import fully_shard
 from solutions.data_parallel_sharded import ZeroShardedOptimizer
@@ -138,7 +139,9 @@ def _layer_step_flops(s, b, h, ffn):
 
 @pytest.mark.parametrize("s,b,h,ffn", [(8, 2, 16, 64), (5, 3, 12, 20)])
 def test_transformer_layer_flops_equal_torchs_flop_counter(s, b, h, ffn):
-    assert transformer_layer_flops(s, b, h, ffn=ffn) == _layer_step_flops(s, b, h, ffn)
+    assert transformer_layer_step_flops(s, b, h, ffn=ffn) == _layer_step_flops(s, b, h, ffn)
+    # with the usual 4h MLP, a step is 3 forwards of the pipeline lesson's count
+    assert transformer_layer_step_flops(s, b, h) == 3 * transformer_layer_flops(s, b, h)
 
 
 def test_six_flops_per_parameter_per_token():
@@ -158,7 +161,7 @@ def test_six_flops_per_parameter_per_token():
 
 def test_tp_time_lesson_numbers():
     """assignments/02_tensor_parallel/README.md, "Time, not only bytes": s=4096, b=1, h=8192, bf16, t=8."""
-    assert transformer_layer_flops(4096, 1, 8192) == pytest.approx(72 * 4096 * 8192**2 * (1 + 4096 / (6 * 8192)))
+    assert transformer_layer_step_flops(4096, 1, 8192) == pytest.approx(72 * 4096 * 8192**2 * (1 + 4096 / (6 * 8192)))
     nvlink = tp_layer_seconds(4096, 1, 8192, 8, link=H100_NODE.nvlink)
     infiniband = tp_layer_seconds(4096, 1, 8192, 8, link=H100_NODE.network)
     assert nvlink["compute"] * 1e3 == pytest.approx(2.71, abs=0.005)

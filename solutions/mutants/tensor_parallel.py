@@ -134,17 +134,12 @@ MUTANTS = [
         must_fail={"test_async_allreduce_overlap"},
         why="a synchronous all-reduce (handle is None, never waited): correct numbers, no overlap",
     ),
-]
-
-# A collective given a non-contiguous view: gloo returns the right data (NCCL refuses it), so no number
-# shows it; the runner's collective agreement check (autograder/agreement.py) is to flag it for every
-# assignment. Until that check exists this mutant passes every cell: tests/test_tensor_parallel_notebook.py
-# runs it as an expected failure, and as a kept mutant (exactly these cells) once the runner flags it.
-AWAITING_CONTIGUITY_CHECK = [
     mutant(
         "gather_noncontiguous_view", "tp_mappings",
         [("    input_ = input_.contiguous()\n", "")],
         must_fail={"test_scatter_to_region", "test_gather_from_region"},
-        why="the last-dim gather hands its input (a view) straight to all_gather_single, without .contiguous()",
+        why="the last-dim gather hands its input (a view) straight to all_gather_single: gloo copies it, "
+            "NCCL refuses it; the runner names the line",
     ),
 ]
+
