@@ -4,7 +4,8 @@ Each mutant edits one reference answer cell; `must_fail` is exactly the set of
 graded cells it fails (tests/test_data_parallel_notebook.py checks both
 directions: every cell of `must_fail` fails with a readable message, and in
 the full sweep no other cell does). `VARIANTS` are different but correct
-edits: they must pass every cell (a check that fails them is wrong).
+edits with an empty `must_fail`: they must pass every cell (a check that fails
+them is wrong); they are part of MUTANTS, so every sweep grades them too.
 """
 
 from solutions.mutants import mutant
@@ -169,3 +170,5 @@ VARIANTS = [
            must_fail=set(),
            why="each unit padded to lcm(d, 128): correct, a larger multiple of d"),
 ]
+
+MUTANTS += VARIANTS
