@@ -126,8 +126,9 @@ MUTANTS = [
            why="the unit keeps a reference to the gathered buffer after forward: it is never resharded"),
     mutant("fsdp_regathered_never_freed", "fully_shard",
            [("        unit.regathered = None  # post-backward", "        pass  # post-backward")],
-           must_fail={"test_fsdp_memory"},
-           why="the buffer gathered again for backward stays alive after the reduce-scatter"),
+           must_fail={"test_fsdp_memory", "test_fsdp_numerics"},
+           why="the buffer gathered again for backward stays alive after the reduce-scatter: memory, and the "
+               "next step's backward reuses last step's parameters"),
     mutant("fsdp_gather_ignores_param_dtype", "fully_shard",
            [("        dtype = self.mp_policy.param_dtype or flat_shard.dtype\n",
              "        dtype = flat_shard.dtype\n")],
@@ -139,10 +140,15 @@ MUTANTS = [
            why="gradients reduce-scattered in bfloat16 (the compute dtype) instead of reduce_dtype"),
     mutant("fsdp_master_in_param_dtype", "fully_shard",
            [("self.flat_param = nn.Parameter(flat[rank * self.shard_size:(rank + 1) * self.shard_size].clone())",
-             "self.flat_param = nn.Parameter(flat[rank * self.shard_size:(rank + 1) * self.shard_size].to(\n"
+             "self.flat_param = nn.Parameter(flat[rank * self.shard_size:(rank + 1) * self.shard_size].clone().to(\n"
              "                self.mp_policy.param_dtype or flat.dtype))")],
            must_fail={"test_fsdp_mixed_precision"},
            why="the sharded master weights kept in bfloat16: small updates round away"),
+    mutant("fsdp_shard_is_a_view", "fully_shard",
+           [("self.flat_param = nn.Parameter(flat[rank * self.shard_size:(rank + 1) * self.shard_size].clone())",
+             "self.flat_param = nn.Parameter(flat[rank * self.shard_size:(rank + 1) * self.shard_size])")],
+           must_fail={"test_fsdp_memory"},
+           why="the shard is a view of the full flat buffer: right numbers, but every rank keeps the whole buffer"),
     mutant("fsdp_inputs_not_cast", "fully_shard",
            [("        if dtype is not None:  # FSDP2 MixedPrecisionPolicy.cast_forward_inputs",
              "        if False:  # FSDP2 MixedPrecisionPolicy.cast_forward_inputs")],
