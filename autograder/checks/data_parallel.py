@@ -16,8 +16,6 @@ from __future__ import annotations
 import functools
 import contextlib
 import math
-import os
-import tempfile
 import time
 
 import torch
@@ -181,8 +179,9 @@ def check_broadcast_module_states(fn, *, world_size=2, dims=(5, 7, 3), frozen=Tr
     """After fn(model, group=...) every rank holds rank 0's parameters (frozen ones included)."""
     model_kw = dict(dims=dims, frozen=frozen)
     outs = run_distributed(_broadcast_rank, world_size, args=(fn, model_kw, seed, backend), backend=backend)
-    torch.manual_seed(seed)
-    expected = ToyNet(**model_kw).to(torch.float64).state_dict()
+    with torch.random.fork_rng(devices=[]):  # the caller's random state is left alone
+        torch.manual_seed(seed)
+        expected = ToyNet(**model_kw).to(torch.float64).state_dict()
     for rank, out in enumerate(outs):
         for name, exp in expected.items():
             assert_close(out["state"][name], exp, name=f"{name} after the broadcast", rank=rank)
@@ -249,14 +248,28 @@ def expected_buckets(model, bucket_cap_mb):
 _LATE_RANK_FALLBACK_S = 1.0
 
 
+_LATE_RANK_KEY = "autograder/late_rank/rank0_waits"
+
+
+def _store():
+    """The store the ranks met through (the runner's): shared by the ranks wherever they run."""
+    return dist.distributed_c10d._get_default_store()
+
+
 @contextlib.contextmanager
-def _signal_on_wait(flag):
-    """While active, the first `Work.wait()` of this rank creates the file `flag` before it blocks."""
+def _signal_on_wait():
+    """While active, the first `Work.wait()` of this rank sets _LATE_RANK_KEY in the store before it blocks."""
     previous = dist.Work.wait
+    store = _store()
+    signalled = []
+
+    def signal():
+        if not signalled:
+            signalled.append(True)
+            store.set(_LATE_RANK_KEY, b"1")
 
     def wait(work, *args, **kwargs):
-        if not os.path.exists(flag):
-            open(flag, "w").close()
+        signal()
         return previous(work, *args, **kwargs)
 
     dist.Work.wait = wait
@@ -264,17 +277,17 @@ def _signal_on_wait(flag):
         yield
     finally:
         dist.Work.wait = previous
-        if not os.path.exists(flag):
-            open(flag, "w").close()
+        signal()
 
 
-def _wait_for_file(flag, timeout):
+def _wait_for_rank0(timeout):
+    store = _store()
     deadline = time.monotonic() + timeout
-    while not os.path.exists(flag) and time.monotonic() < deadline:
+    while not store.check([_LATE_RANK_KEY]) and time.monotonic() < deadline:
         time.sleep(0.001)
 
 
-def _ddp_rank(rank, world_size, ddp_cls, model_kw, state, dtype, xs, ys, batch, cap, micro, late_flag, backend):
+def _ddp_rank(rank, world_size, ddp_cls, model_kw, state, dtype, xs, ys, batch, cap, micro, late_rank, backend):
     dev = rank_device(rank, backend)
     model = _build(model_kw, state, dtype, dev)
     ddp = ddp_cls(model, group=_world(), bucket_cap_mb=cap)
@@ -284,25 +297,25 @@ def _ddp_rank(rank, world_size, ddp_cls, model_kw, state, dtype, xs, ys, batch, 
         for i in range(micro):
             last = i == micro - 1
             marks.append(len(ledger.records))
-            if last and late_flag and rank > 0:
+            if last and late_rank and rank > 0:
                 # Start the last backward only once rank 0 is blocked in wait() (or done): its buckets
                 # cannot have been reduced before it calls wait(), whatever the scheduling.
-                _wait_for_file(late_flag, _LATE_RANK_FALLBACK_S)
+                _wait_for_rank0(_LATE_RANK_FALLBACK_S)
             if last:
                 _loss(ddp, xs[i][rows].to(dev), ys[i][rows].to(dev)).backward()
             else:
                 with ddp.no_sync():
                     _loss(ddp, xs[i][rows].to(dev), ys[i][rows].to(dev)).backward()
         marks.append(len(ledger.records))
-        if not late_flag and world_size > 1 and backend == "gloo":
+        if not late_rank and world_size > 1 and backend == "gloo":
             # Let every bucket's all-reduce finish before finish_gradient_synchronization() (a gloo barrier
             # completes only after all earlier work of the group): copying before wait() then gives the same
             # numbers on every run here, and only the late-rank case (check_ddp_gradients) tests the wait.
             dist.barrier(group=_world())
             del ledger.records[marks[-1]:]  # the check's own barrier is not the student's communication
         with ledger.outside():
-            if late_flag and rank == 0:
-                with _signal_on_wait(late_flag):
+            if late_rank and rank == 0:
+                with _signal_on_wait():
                     ddp.finish_gradient_synchronization()
             else:
                 ddp.finish_gradient_synchronization()
@@ -314,12 +327,11 @@ def _run_ddp(ddp_cls, world_size, dims, batch, bucket_cap_mb, unused, frozen, ti
     model_kw = dict(dims=dims, unused=unused, frozen=frozen, tied=tied, mixed=mixed)
     state = _initial_state(model_kw, dtype, seed)
     xs, ys = _batches(seed, micro, batch, dims, dtype, world_size)
-    with tempfile.TemporaryDirectory() as tmp:
-        flag = os.path.join(tmp, "rank0_waits") if late_rank and world_size > 1 else None
-        # the late rank's handshake needs rank 0 to launch before its peers: no collective agreement here
-        outs = run_distributed(_ddp_rank, world_size, backend=backend, check_collectives=flag is None,
-                               args=(ddp_cls, model_kw, state, dtype, xs, ys, batch, bucket_cap_mb, micro, flag,
-                                     backend))
+    late = late_rank and world_size > 1
+    # the late rank's handshake needs rank 0 to launch before its peers: no collective agreement then
+    outs = run_distributed(_ddp_rank, world_size, backend=backend, check_collectives=not late,
+                           args=(ddp_cls, model_kw, state, dtype, xs, ys, batch, bucket_cap_mb, micro, late,
+                                 backend))
     model = _build(model_kw, state, dtype, "cpu")
     for i in range(micro):  # gradient accumulation: sum over micro-steps of global-batch means
         _loss(model, xs[i], ys[i]).backward()
@@ -327,10 +339,26 @@ def _run_ddp(ddp_cls, world_size, dims, batch, bucket_cap_mb, unused, frozen, ti
 
 
 @_one_thread
+def _ddp_broadcast_rank(rank, world_size, ddp_cls, model_kw, seed, backend):
+    torch.manual_seed(seed + 1000 * rank)  # every rank starts from different weights
+    model = ToyNet(**model_kw).to(torch.float64).to(rank_device(rank, backend))
+    with CommLedger() as ledger:
+        ddp_cls(model, group=_world(), bucket_cap_mb=25)
+    return {"state": {k: v.cpu() for k, v in model.state_dict().items()}, "comm": ledger.records}
+
+
 def check_ddp_broadcast(ddp_cls, *, world_size=2, dims=(5, 7, 3), frozen=True, seed=0, backend="gloo"):
     """Constructing BucketedDDP copies rank 0's parameters (frozen ones too) to every rank."""
-    check_broadcast_module_states(lambda model, group: ddp_cls(model, group=group, bucket_cap_mb=25),
-                                  world_size=world_size, dims=dims, frozen=frozen, seed=seed, backend=backend)
+    model_kw = dict(dims=dims, frozen=frozen)
+    # the student's class goes to the ranks as an argument (never inside a closure of the check's)
+    outs = run_distributed(_ddp_broadcast_rank, world_size, args=(ddp_cls, model_kw, seed, backend), backend=backend)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        expected = ToyNet(**model_kw).to(torch.float64).state_dict()
+    for rank, out in enumerate(outs):
+        for name, exp in expected.items():
+            assert_close(out["state"][name], exp, name=f"{name} after BucketedDDP(...)", rank=rank)
+    check_consistent([o["comm"] for o in outs], context="BucketedDDP broadcast")
 
 
 @_one_thread
@@ -344,7 +372,7 @@ def check_ddp_gradients(ddp_cls, *, world_size=2, dims=(5, 7, 3), batch=3, bucke
     finish_gradient_synchronization() (or returned from it), so rank 0's
     buckets are certainly unreduced until it waits: copying them into `.grad`
     before `wait()` gives wrong numbers on every run. This order is enforced by
-    a file rank 0 creates (not by timing), so the verdict is deterministic;
+    a key rank 0 sets in the ranks' store (not by timing), so the verdict is deterministic;
     a submission that waits other than by `Work.wait()` makes its peers wait
     `_LATE_RANK_FALLBACK_S` and is checked all the same.
     """
