@@ -13,7 +13,8 @@ ledger of the reference solutions.
 
 from __future__ import annotations
 
-__all__ = ["ring_factor", "bytes_sent", "tp_pair_bytes", "tp_layer_bytes", "dp_step_bytes"]
+__all__ = ["ring_factor", "bytes_sent", "tp_pair_bytes", "tp_layer_bytes", "dp_step_bytes",
+           "transformer_layer_step_flops", "tp_layer_seconds", "dp_step_seconds"]
 
 
 def ring_factor(op: str, group_size: int) -> float:
@@ -77,6 +78,70 @@ def dp_step_bytes(num_params: int, d: int, *, bytes_per_element: int = 4, scheme
     if scheme == "fsdp":
         return 3 * half
     raise ValueError(f"scheme must be 'ddp', 'zero' or 'fsdp', got {scheme!r}")
+
+
+# ---------------------------------------------------------------------------
+# Time, not only bytes (assignments 01 and 02, the "Time, not only bytes" sections)
+# ---------------------------------------------------------------------------
+# The volumes above turned into seconds with the stated figures of autograder/hardware.py, next to the
+# compute they must hide behind. Compute is counted at `mfu` of the peak (default 1.0, the fastest compute
+# the figures allow: the communication/compute ratios are then the largest, an upper bound to hide).
+
+def transformer_layer_step_flops(s: int, b: int, h: int, *, ffn: int | None = None) -> float:
+    """Matmul FLOPs of one transformer layer for a training step (forward + backward = 3x forward).
+
+    Forward: Q, K, V and output projections 8·s·b·h², the MLP 4·s·b·h·ffn, the
+    attention scores and their product with V 4·s²·b·h (with ffn = 4h:
+    transformer_layer_flops below, the pipeline lesson's forward count). The
+    step is Narayanan et al. (2021, eq. 2)'s 72·s·b·h²·(1 + s/6h).
+    """
+    ffn = 4 * h if ffn is None else ffn
+    forward = 8 * s * b * h * h + 4 * s * b * h * ffn + 4 * s * s * b * h
+    return 3.0 * forward
+
+
+def tp_layer_seconds(s: int, b: int, h: int, t: int, *, link, node=None, bytes_per_element: int = 2,
+                     mfu: float = 1.0) -> dict[str, float]:
+    """One transformer layer's TP step on one rank: compute time, communication time, and their ratio.
+
+    Compute: transformer_layer_step_flops / t at `mfu` of the node's peak.
+    Communication: tp_layer_bytes, as 8 ring passes of (t-1)/t of [s, b, h]
+    over `t` ranks on `link` (2 pairs x 1 all-reduce in forward and 1 in
+    backward, an all-reduce being a reduce-scatter plus an all-gather; with SP
+    the same 8 passes as all-gathers and reduce-scatters, the input kept for
+    the weight gradient), not overlapped: the ratio says how much compute
+    there is to hide them behind.
+    """
+    from autograder.hardware import H100_NODE, compute_seconds, ring_collective_seconds
+
+    node = node or H100_NODE
+    compute = compute_seconds(transformer_layer_step_flops(s, b, h) / t, node, mfu=mfu)
+    one_pass = ring_factor("all_gather", t) * s * b * h * bytes_per_element
+    assert abs(8 * one_pass - tp_layer_bytes(s, b, h, t, bytes_per_element=bytes_per_element)["total"]) < 1
+    communication = 8 * ring_collective_seconds(one_pass, t, link)
+    return {"compute": compute, "communication": communication, "ratio": communication / compute}
+
+
+def dp_step_seconds(num_params: float, d: int, tokens_per_microbatch: int, *, link, node=None,
+                    microbatches: int = 1, bytes_per_element: int = 2, scheme: str = "ddp",
+                    mfu: float = 1.0) -> dict[str, float]:
+    """One data-parallel step on one rank: compute time, gradient-communication time, and their ratio.
+
+    Compute: 6 FLOPs per parameter per token (forward 2, backward 4) for
+    `microbatches` accumulated micro-batches of `tokens_per_microbatch` tokens.
+    Communication: dp_step_bytes once per step (no_sync: nothing in the other
+    micro-steps), as ring collectives over `d` ranks on `link`. For ddp the
+    ratio is 2(d-1)/d · B · peak / (6 · tokens · microbatches · bandwidth):
+    the model size cancels out.
+    """
+    from autograder.hardware import H100_NODE, compute_seconds, ring_collective_seconds
+
+    node = node or H100_NODE
+    compute = compute_seconds(6.0 * num_params * tokens_per_microbatch * microbatches, node, mfu=mfu)
+    passes = {"ddp": 2, "zero": 2, "fsdp": 3}[scheme]  # ring passes of (d-1)/d of the buffer (all-reduce: 2)
+    sent = dp_step_bytes(num_params, d, bytes_per_element=bytes_per_element, scheme=scheme)
+    communication = passes * ring_collective_seconds(sent / passes, d, link)
+    return {"compute": compute, "communication": communication, "ratio": communication / compute}
 
 
 # ---------------------------------------------------------------------------

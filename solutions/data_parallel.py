@@ -2,7 +2,7 @@
 
 Reference solutions of assignment 01 (spec section 4.1); the notebook's answer
 cells are cut from this file by assignments/01_data_parallel/_build_nb.py.
-ZeRO and FSDP are in solutions/data_parallel_sharded.py.
+ZeRO is in solutions/data_parallel_sharded.py, FSDP in solutions/data_parallel_fsdp.py.
 Tests: .venv/bin/python -m pytest -q tests/test_data_parallel_*.py
 """
 

@@ -117,6 +117,13 @@ def test_pair_mlp_and_sp_grads(world_size, sp):
                                          sequence_parallel=sp, seq=4)
 
 
+@pytest.mark.parametrize("sp", [False, True])
+def test_mlp_without_biases_and_a_marked_parameter_without_grad(sp):
+    checks.check_parallel_mlp(ParallelMLP, world_size=2, sequence_parallel=sp, bias=False)
+    checks.check_sequence_parallel_grads(ParallelMLP, allreduce_sequence_parallel_grads, world_size=2,
+                                         sequence_parallel=sp, unused=True)
+
+
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_cross_entropy(world_size):
     for extreme in (False, True):

@@ -336,7 +336,10 @@ def build() -> NotebookBuilder:
     backward, the gradients of every parameter of `module` marked
     `.sequence_parallel = True` (Megatron-LM
     `finalize_model_grads._allreduce_non_tensor_model_parallel_grads`; one
-    coalesced all-reduce is enough). Tensor-parallel shards must not be
+    coalesced all-reduce is enough). A marked parameter whose `.grad` is
+    `None` (unused in this step, or frozen) is skipped, as Megatron's
+    `if param.requires_grad and getattr(param, "sequence_parallel", False)`
+    and its `grad is not None` filter do. Tensor-parallel shards must not be
     touched. The check calls it in the ledger's "outside" phase.
     """)
     _solution(nb, "parallel_mlp", layers, "ParallelMLP", "allreduce_sequence_parallel_grads")
@@ -347,7 +350,9 @@ def build() -> NotebookBuilder:
     check_parallel_mlp(ParallelMLP, world_size=2, sequence_parallel=True)
     """, hidden="""
     check_parallel_mlp(ParallelMLP, world_size=4, sequence_parallel=True, hidden=5, ffn=12, seq=8, batch=3, seed=1)
-    check_parallel_mlp(ParallelMLP, world_size=4, sequence_parallel=False, hidden=7, ffn=8, seq=3, batch=2, seed=2)
+    # master biases None: no bias parameters at all (not zero biases)
+    check_parallel_mlp(ParallelMLP, world_size=4, sequence_parallel=False, hidden=7, ffn=8, seq=3, batch=2, bias=False,
+                       seed=2)
     check_parallel_mlp(ParallelMLP, world_size=1, sequence_parallel=True, hidden=5, ffn=3, seq=3, batch=2, seed=3)
     """)
     nb.test("test_sequence_parallel_grads", 5,
@@ -355,8 +360,9 @@ def build() -> NotebookBuilder:
             visible="""
     check_sequence_parallel_grads(ParallelMLP, allreduce_sequence_parallel_grads, world_size=2, sequence_parallel=True)
     """, hidden="""
+    # with a marked parameter that no forward uses: its grad is None, skip it
     check_sequence_parallel_grads(ParallelMLP, allreduce_sequence_parallel_grads, world_size=4, sequence_parallel=True,
-                                  hidden=5, ffn=12, seq=8, batch=3, seed=1)
+                                  hidden=5, ffn=12, seq=8, batch=3, unused=True, seed=1)
     check_sequence_parallel_grads(ParallelMLP, allreduce_sequence_parallel_grads, world_size=2, sequence_parallel=False,
                                   hidden=5, ffn=6, seq=3, batch=2, seed=2)
     check_sequence_parallel_grads(ParallelMLP, allreduce_sequence_parallel_grads, world_size=1, sequence_parallel=True,

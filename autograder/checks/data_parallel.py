@@ -13,24 +13,45 @@ DistributedError naming the rank, the tensor and the element.
 
 from __future__ import annotations
 
+import functools
+import contextlib
+import math
 import time
-import weakref
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from autograder.compare import CheckFailure, assert_close, dtype_name, fmt_shape
+from autograder.compare import CheckFailure, Findings, assert_close, dtype_name, fmt_shape
 from autograder.dist import rank_device, run_distributed
 from autograder.plots import new_figure, picture
 from autograder.ledger import CommLedger, check_consistent, counts, expect_comm, expect_no_comm, format_trace, select
 
 __all__ = ["ToyNet", "check_broadcast_module_states", "check_all_reduce_gradients", "check_ddp_broadcast",
            "check_ddp_gradients", "check_ddp_buckets", "check_ddp_no_sync", "check_zero_bytes_per_param",
-           "check_zero_matches_adamw", "check_zero_rounding", "check_zero_state_sharded", "check_zero_comm",
-           "check_fsdp_numerics", "check_fsdp_comm", "check_fsdp_frees", "expected_buckets",
+           "check_zero_matches_optimizer", "check_zero_rounding", "check_zero_state_sharded", "check_zero_comm",
+           "expected_buckets", "param_groups", "zero_padded_size", "OPTIMIZER_HYPER", "PADDING_BOUND_PER_RANK",
            "plot_memory_ledger", "ddp_timeline", "plot_ddp_timeline"]
+
+
+def _one_thread(check):
+    """Run a check with one intra-op thread in this process, then restore the setting.
+
+    The parent's part of a check (the single-process reference) is tiny; with
+    two OpenMP threads on a busy machine one of them is often descheduled
+    while the other spins at a barrier, which made a 20 ms reference take
+    2-3 s. With one thread its time does not depend on the machine's load, nor
+    its rounding on the kernel's thread setting.
+    """
+    @functools.wraps(check)
+    def wrapper(*args, **kwargs):
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return check(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+    return wrapper
 
 
 # ---------------------------------------------------------------------------
@@ -43,10 +64,15 @@ class ToyNet(nn.Module):
     unused: a linear layer registered first and never called (no gradient).
     frozen: an output scale with requires_grad=False (broadcast, never bucketed).
     tied: layer 2 reuses layer 1's weight (needs dims[1] == dims[2] == dims[3]).
+    mixed: after `cast(dtype)`, layer 1 is float32 and the rest `dtype` (each layer
+    casts its input to its own dtype): a model whose parameters change dtype.
     """
 
-    def __init__(self, dims, *, unused=False, frozen=False, tied=False):
+    def __init__(self, dims, *, unused=False, frozen=False, tied=False, mixed=False):
         super().__init__()
+        if mixed and len(dims) < 4:
+            raise ValueError(f"ToyNet(mixed=True) needs at least 3 layers, got dims {dims}")
+        self.mixed = mixed
         if unused:
             self.unused = nn.Linear(2, 3)
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
@@ -60,21 +86,29 @@ class ToyNet(nn.Module):
 
     def forward(self, x):
         for i, layer in enumerate(self.layers):
-            x = layer(x)
+            x = layer(x.to(layer.weight.dtype))
             if i < len(self.layers) - 1:
                 x = torch.tanh(x)
         return x * self.scale if self.frozen else x
 
+    def cast(self, dtype):
+        """`self.to(dtype)`, but layer 1 float32 when `mixed`; returns self."""
+        self.to(dtype)
+        if self.mixed:
+            self.layers[1].to(torch.float32)
+        return self
+
 
 def _build(model_kw, state, dtype, device):
-    model = ToyNet(**model_kw).to(dtype)
+    model = ToyNet(**model_kw).cast(dtype)
     model.load_state_dict(state)
     return model.to(device)
 
 
 def _initial_state(model_kw, dtype, seed):
-    torch.manual_seed(seed)
-    return ToyNet(**model_kw).to(dtype).state_dict()
+    with torch.random.fork_rng(devices=[]):  # the caller's random state is left alone
+        torch.manual_seed(seed)
+        return ToyNet(**model_kw).cast(dtype).state_dict()
 
 
 def _loss(model, x, y):
@@ -140,12 +174,14 @@ def _broadcast_rank(rank, world_size, fn, model_kw, seed, backend):
     return {"state": {k: v.cpu() for k, v in model.state_dict().items()}, "comm": ledger.records}
 
 
+@_one_thread
 def check_broadcast_module_states(fn, *, world_size=2, dims=(5, 7, 3), frozen=True, seed=0, backend="gloo"):
     """After fn(model, group=...) every rank holds rank 0's parameters (frozen ones included)."""
     model_kw = dict(dims=dims, frozen=frozen)
     outs = run_distributed(_broadcast_rank, world_size, args=(fn, model_kw, seed, backend), backend=backend)
-    torch.manual_seed(seed)
-    expected = ToyNet(**model_kw).to(torch.float64).state_dict()
+    with torch.random.fork_rng(devices=[]):  # the caller's random state is left alone
+        torch.manual_seed(seed)
+        expected = ToyNet(**model_kw).to(torch.float64).state_dict()
     for rank, out in enumerate(outs):
         for name, exp in expected.items():
             assert_close(out["state"][name], exp, name=f"{name} after the broadcast", rank=rank)
@@ -163,6 +199,7 @@ def _all_reduce_rank(rank, world_size, fn, model_kw, state, dtype, x, y, batch, 
     return {"grads": _grads(model), "comm": ledger.records}
 
 
+@_one_thread
 def check_all_reduce_gradients(fn, *, world_size=2, dims=(5, 7, 3), batch=3, dtype=torch.float64,
                                unused=False, frozen=False, tied=False, seed=0, backend="gloo"):
     """Every rank's grads equal the grads of the global-batch mean loss (mean of local means)."""
@@ -190,7 +227,7 @@ def expected_buckets(model, bucket_cap_mb):
     least bucket_cap_mb * 2**20 bytes, or when the dtype changes.
     """
     cap = bucket_cap_mb * 2**20
-    names = {p: n for n, p in model.named_parameters()}
+    names = {p: n for n, p in model.named_parameters()}  # a tied parameter: its first name
     buckets, bucket, size = [], [], 0
     for p in reversed([p for p in model.parameters() if p.requires_grad]):
         if bucket and p.dtype != bucket[0][1].dtype:
@@ -206,7 +243,51 @@ def expected_buckets(model, bucket_cap_mb):
     return [[n for n, _ in b] for b in buckets]
 
 
-def _ddp_rank(rank, world_size, ddp_cls, model_kw, state, dtype, xs, ys, batch, cap, micro, stagger, backend):
+# How long a late rank waits for rank 0 to block in wait() before it starts anyway (a submission that waits
+# some other way than Work.wait(): it is then merely late, by this much).
+_LATE_RANK_FALLBACK_S = 1.0
+
+
+_LATE_RANK_KEY = "autograder/late_rank/rank0_waits"
+
+
+def _store():
+    """The store the ranks met through (the runner's): shared by the ranks wherever they run."""
+    return dist.distributed_c10d._get_default_store()
+
+
+@contextlib.contextmanager
+def _signal_on_wait():
+    """While active, the first `Work.wait()` of this rank sets _LATE_RANK_KEY in the store before it blocks."""
+    previous = dist.Work.wait
+    store = _store()
+    signalled = []
+
+    def signal():
+        if not signalled:
+            signalled.append(True)
+            store.set(_LATE_RANK_KEY, b"1")
+
+    def wait(work, *args, **kwargs):
+        signal()
+        return previous(work, *args, **kwargs)
+
+    dist.Work.wait = wait
+    try:
+        yield
+    finally:
+        dist.Work.wait = previous
+        signal()
+
+
+def _wait_for_rank0(timeout):
+    store = _store()
+    deadline = time.monotonic() + timeout
+    while not store.check([_LATE_RANK_KEY]) and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def _ddp_rank(rank, world_size, ddp_cls, model_kw, state, dtype, xs, ys, batch, cap, micro, late_rank, backend):
     dev = rank_device(rank, backend)
     model = _build(model_kw, state, dtype, dev)
     ddp = ddp_cls(model, group=_world(), bucket_cap_mb=cap)
@@ -216,26 +297,40 @@ def _ddp_rank(rank, world_size, ddp_cls, model_kw, state, dtype, xs, ys, batch, 
         for i in range(micro):
             last = i == micro - 1
             marks.append(len(ledger.records))
-            if last and stagger:
-                time.sleep(stagger * rank)  # later ranks start their last backward late
+            if last and late_rank and rank > 0:
+                # Start the last backward only once rank 0 is blocked in wait() (or done): its buckets
+                # cannot have been reduced before it calls wait(), whatever the scheduling.
+                _wait_for_rank0(_LATE_RANK_FALLBACK_S)
             if last:
                 _loss(ddp, xs[i][rows].to(dev), ys[i][rows].to(dev)).backward()
             else:
                 with ddp.no_sync():
                     _loss(ddp, xs[i][rows].to(dev), ys[i][rows].to(dev)).backward()
         marks.append(len(ledger.records))
+        if not late_rank and world_size > 1 and backend == "gloo":
+            # Let every bucket's all-reduce finish before finish_gradient_synchronization() (a gloo barrier
+            # completes only after all earlier work of the group): copying before wait() then gives the same
+            # numbers on every run here, and only the late-rank case (check_ddp_gradients) tests the wait.
+            dist.barrier(group=_world())
+            del ledger.records[marks[-1]:]  # the check's own barrier is not the student's communication
         with ledger.outside():
-            ddp.finish_gradient_synchronization()
+            if late_rank and rank == 0:
+                with _signal_on_wait():
+                    ddp.finish_gradient_synchronization()
+            else:
+                ddp.finish_gradient_synchronization()
     return {"grads": _grads(model), "comm": ledger.records, "ops": ledger.ops, "marks": marks}
 
 
-def _run_ddp(ddp_cls, world_size, dims, batch, bucket_cap_mb, unused, frozen, tied, dtype, seed, micro, stagger,
-             backend):
-    model_kw = dict(dims=dims, unused=unused, frozen=frozen, tied=tied)
+def _run_ddp(ddp_cls, world_size, dims, batch, bucket_cap_mb, unused, frozen, tied, dtype, seed, micro, late_rank,
+             backend, mixed=False):
+    model_kw = dict(dims=dims, unused=unused, frozen=frozen, tied=tied, mixed=mixed)
     state = _initial_state(model_kw, dtype, seed)
     xs, ys = _batches(seed, micro, batch, dims, dtype, world_size)
-    outs = run_distributed(_ddp_rank, world_size, backend=backend, check_collectives=not stagger,
-                           args=(ddp_cls, model_kw, state, dtype, xs, ys, batch, bucket_cap_mb, micro, stagger,
+    late = late_rank and world_size > 1
+    # the late rank's handshake needs rank 0 to launch before its peers: no collective agreement then
+    outs = run_distributed(_ddp_rank, world_size, backend=backend, check_collectives=not late,
+                           args=(ddp_cls, model_kw, state, dtype, xs, ys, batch, bucket_cap_mb, micro, late,
                                  backend))
     model = _build(model_kw, state, dtype, "cpu")
     for i in range(micro):  # gradient accumulation: sum over micro-steps of global-batch means
@@ -243,45 +338,74 @@ def _run_ddp(ddp_cls, world_size, dims, batch, bucket_cap_mb, unused, frozen, ti
     return outs, _grads(model), model
 
 
+@_one_thread
+def _ddp_broadcast_rank(rank, world_size, ddp_cls, model_kw, seed, backend):
+    torch.manual_seed(seed + 1000 * rank)  # every rank starts from different weights
+    model = ToyNet(**model_kw).to(torch.float64).to(rank_device(rank, backend))
+    with CommLedger() as ledger:
+        ddp_cls(model, group=_world(), bucket_cap_mb=25)
+    return {"state": {k: v.cpu() for k, v in model.state_dict().items()}, "comm": ledger.records}
+
+
 def check_ddp_broadcast(ddp_cls, *, world_size=2, dims=(5, 7, 3), frozen=True, seed=0, backend="gloo"):
     """Constructing BucketedDDP copies rank 0's parameters (frozen ones too) to every rank."""
-    check_broadcast_module_states(lambda model, group: ddp_cls(model, group=group, bucket_cap_mb=25),
-                                  world_size=world_size, dims=dims, frozen=frozen, seed=seed, backend=backend)
+    model_kw = dict(dims=dims, frozen=frozen)
+    # the student's class goes to the ranks as an argument (never inside a closure of the check's)
+    outs = run_distributed(_ddp_broadcast_rank, world_size, args=(ddp_cls, model_kw, seed, backend), backend=backend)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        expected = ToyNet(**model_kw).to(torch.float64).state_dict()
+    for rank, out in enumerate(outs):
+        for name, exp in expected.items():
+            assert_close(out["state"][name], exp, name=f"{name} after BucketedDDP(...)", rank=rank)
+    check_consistent([o["comm"] for o in outs], context="BucketedDDP broadcast")
 
 
+@_one_thread
 def check_ddp_gradients(ddp_cls, *, world_size=2, dims=(5, 7, 3), batch=3, bucket_cap_mb=25.0, unused=False,
-                        frozen=False, tied=False, dtype=torch.float64, seed=0, stagger=0.0, backend="gloo"):
+                        frozen=False, tied=False, mixed=False, dtype=torch.float64, seed=0, late_rank=False,
+                        backend="gloo"):
     """After backward + finish_gradient_synchronization() every rank holds the global-batch gradients.
 
-    A parameter no rank used gets zeros. `stagger` (seconds) delays rank r's
-    backward by stagger * r, so that rank 0's buckets are still in flight when
-    it calls finish_gradient_synchronization(): copying before wait() shows.
+    A parameter no rank used gets zeros. `late_rank`: ranks 1.. start their
+    backward only once rank 0 has called `Work.wait()` in
+    finish_gradient_synchronization() (or returned from it), so rank 0's
+    buckets are certainly unreduced until it waits: copying them into `.grad`
+    before `wait()` gives wrong numbers on every run. This order is enforced by
+    a key rank 0 sets in the ranks' store (not by timing), so the verdict is deterministic;
+    a submission that waits other than by `Work.wait()` makes its peers wait
+    `_LATE_RANK_FALLBACK_S` and is checked all the same.
     """
     outs, expected, _ = _run_ddp(ddp_cls, world_size, dims, batch, bucket_cap_mb, unused, frozen, tied, dtype,
-                                 seed, 1, stagger, backend)
+                                 seed, 1, late_rank, backend, mixed=mixed)
     for rank, out in enumerate(outs):
         _compare_grads(out["grads"], expected, rank=rank, what="finish_gradient_synchronization()",
                        missing_is_zero=True)
 
 
 def _bucket_report(buckets, model):
-    sizes = {n: p.numel() for n, p in model.named_parameters()}
-    return "\n".join(f"    bucket {i}: {b} ({sum(sizes[n] for n in b)} elements)" for i, b in enumerate(buckets))
+    params = dict(model.named_parameters())
+    return "\n".join(f"    bucket {i}: {b} ({sum(params[n].numel() for n in b)} elements, "
+                     f"{sum(params[n].numel() * params[n].element_size() for n in b)} bytes, "
+                     f"{dtype_name(params[b[0]].dtype)})" for i, b in enumerate(buckets))
 
 
+@_one_thread
 def check_ddp_buckets(ddp_cls, *, world_size=2, dims=(5, 7, 3), batch=3, bucket_cap_mb=25.0, unused=False,
-                      frozen=False, tied=False, dtype=torch.float64, seed=0, backend="gloo"):
-    """One async all-reduce per bucket, of the bucket's size, in bucket order, all in backward.
+                      frozen=False, tied=False, mixed=False, dtype=torch.float64, seed=0, backend="gloo"):
+    """One async all-reduce per bucket, of the bucket's size and dtype, in bucket order, all in backward.
 
     And overlap: when the first bucket does not contain the first layer, its
     all-reduce must be issued before backward computes the first layer's
-    weight gradient (launched as soon as it is full, not at the end).
+    weight gradient (launched as soon as it is full, not at the end). Order is
+    read from the ledger's sequence numbers: CPU autograd runs backward's ops
+    in one thread, in an order fixed by the graph, so it is the same every run.
     """
     outs, _, model = _run_ddp(ddp_cls, world_size, dims, batch, bucket_cap_mb, unused, frozen, tied, dtype,
-                              seed, 1, 0.0, backend)
+                              seed, 1, False, backend, mixed=mixed)
     buckets = expected_buckets(model, bucket_cap_mb)
-    sizes = {n: p.numel() for n, p in model.named_parameters()}
-    shapes = [(sum(sizes[n] for n in b),) for b in buckets]
+    params = dict(model.named_parameters())
+    shapes = [((sum(params[n].numel() for n in b),), dtype_name(params[b[0]].dtype)) for b in buckets]
     report = f"expected buckets (cap {bucket_cap_mb * 2**20:g} bytes):\n{_bucket_report(buckets, model)}"
     first_weight = tuple(model.layers[0].weight.shape)
     for rank, out in enumerate(outs):
@@ -294,11 +418,12 @@ def check_ddp_buckets(ddp_cls, *, world_size=2, dims=(5, 7, 3), batch=3, bucket_
         if others:
             raise CheckFailure(f"rank {rank}: BucketedDDP should only all-reduce after construction; "
                                f"saw:\n{format_trace(others, rank)}")
-        got = [tuple(r.shape) for r in reduces]
+        got = [(tuple(r.shape), r.dtype) for r in reduces]
         if got != shapes:
-            raise CheckFailure(f"rank {rank}: expected {len(shapes)} all_reduce of shapes {shapes} (one per bucket, "
-                               f"bucket order), saw {got}.\n{report}\nCommunication of rank {rank}:\n"
-                               f"{format_trace(comm, rank)}")
+            fmt = lambda xs: ", ".join(f"{fmt_shape(s)} {d}" for s, d in xs)  # noqa: E731
+            raise CheckFailure(f"rank {rank}: expected {len(shapes)} all_reduce ({fmt(shapes)}: one per bucket, "
+                               f"bucket order), saw {len(got)} ({fmt(got)}).\n{report}\nCommunication of rank "
+                               f"{rank}:\n{format_trace(comm, rank)}")
         late = [r for r in reduces if r.phase != "backward"]
         if late:
             raise CheckFailure(f"rank {rank}: {len(late)} bucket all-reduce(s) were issued in phase "
@@ -319,11 +444,18 @@ def check_ddp_buckets(ddp_cls, *, world_size=2, dims=(5, 7, 3), batch=3, bucket_
     check_consistent([o["comm"] for o in outs], context="BucketedDDP buckets")
 
 
+@_one_thread
 def check_ddp_no_sync(ddp_cls, *, world_size=2, dims=(5, 7, 3), batch=3, micro_steps=3, bucket_cap_mb=25.0,
                       unused=False, dtype=torch.float64, seed=0, backend="gloo"):
-    """Inside no_sync() nothing is communicated; the last micro-step all-reduces the accumulated grads."""
+    """Inside no_sync() nothing is communicated; the last micro-step all-reduces the accumulated grads.
+
+    Which micro-step issued what is read from positions in the ledger recorded
+    between micro-steps (the rank program's own order: deterministic); the
+    buckets are settled by a barrier before finish_gradient_synchronization()
+    (see _ddp_rank), so the numbers do not depend on gloo's threads either.
+    """
     outs, expected, model = _run_ddp(ddp_cls, world_size, dims, batch, bucket_cap_mb, unused, False, False, dtype,
-                                     seed, micro_steps, 0.0, backend)
+                                     seed, micro_steps, False, backend)
     n_buckets = 0 if world_size == 1 else len(expected_buckets(model, bucket_cap_mb))
     for rank, out in enumerate(outs):
         comm, marks = out["comm"], out["marks"]
@@ -338,6 +470,7 @@ def check_ddp_no_sync(ddp_cls, *, world_size=2, dims=(5, 7, 3), batch=3, micro_s
 # zero_bytes_per_param
 # ---------------------------------------------------------------------------
 
+@_one_thread
 def check_zero_bytes_per_param(fn, *, cases=None):
     """The ZeRO memory ledger: p+g+o, p+g+o/d, p+(g+o)/d, (p+g+o)/d bytes per parameter for stages 0-3."""
     cases = cases or [(s, d, {}) for s in range(4) for d in (1, 8)]
@@ -353,6 +486,18 @@ def check_zero_bytes_per_param(fn, *, cases=None):
 # ---------------------------------------------------------------------------
 # ZeroShardedOptimizer
 # ---------------------------------------------------------------------------
+
+# Hyperparameters of the graded optimizers (lr comes from the schedule `lrs`; a parameter group may set its
+# own lr scale and weight decay).
+OPTIMIZER_HYPER = {
+    torch.optim.AdamW: dict(betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1),
+    torch.optim.Adam: dict(betas=(0.8, 0.99), eps=1e-8, weight_decay=0.0),
+    torch.optim.SGD: dict(momentum=0.9, weight_decay=0.01),
+}
+# Padding accepted in the flat buffer: a multiple of d, less than this many elements per rank
+# (Megatron pads each bucket to lcm(d, 128), which is at most 128 * d).
+PADDING_BOUND_PER_RANK = 128
+
 
 def _state_summary(opt):
     """{state key: [total elements, dtype names]} over the optimizer's tensors (0-dim step counters excluded)."""
@@ -372,7 +517,7 @@ def _state_summary(opt):
             for v in value:
                 walk(key, v)
 
-    # optimizer.state, and that of inner optimizers (torch's AdamW run on the owned pieces)
+    # optimizer.state, and that of inner optimizers (torch's optimizer run on the owned pieces)
     holders = [opt] + [v for v in vars(opt).values() if isinstance(v, torch.optim.Optimizer) and v is not opt]
     for holder in holders:
         state = getattr(holder, "state", None)
@@ -382,14 +527,33 @@ def _state_summary(opt):
     return summary
 
 
-def _zero_rank(rank, world_size, opt_cls, model_kw, state, dtype, xs, ys, batch, lrs, hyper, backend):
+def param_groups(model, groups, lr):
+    """The parameters of `model` for a torch optimizer: a list, or parameter groups.
+
+    `groups`: None, or ((name suffix, lr scale, weight decay), ...): each
+    parameter goes to the first group whose suffix ends its name ("" takes
+    the rest). Returns (params or groups, lr scale of each group).
+    """
+    if groups is None:
+        return list(model.parameters()), [1.0]
+    members = [[] for _ in groups]
+    for name, p in model.named_parameters():
+        members[next(i for i, (suffix, _, _) in enumerate(groups) if name.endswith(suffix))].append(p)
+    return ([{"params": ps, "lr": lr * scale, "weight_decay": wd} for ps, (_, scale, wd) in zip(members, groups)],
+            [scale for _, scale, _ in groups])
+
+
+def _zero_rank(rank, world_size, opt_cls, model_kw, state, dtype, xs, ys, batch, lrs, optim, backend):
     dev = rank_device(rank, backend)
     model = _build(model_kw, state, dtype, dev)
-    opt = opt_cls(model.parameters(), group=_world(), lr=lrs[0], **hyper)
+    optimizer_class, hyper, groups = optim
+    params, scales = param_groups(model, groups, lrs[0])
+    opt = opt_cls(params, optimizer_class=optimizer_class, group=_world(), lr=lrs[0], **hyper)
     rows = slice(rank * batch, (rank + 1) * batch)
     with CommLedger() as ledger:
         for step, lr in enumerate(lrs):
-            opt.param_groups[0]["lr"] = lr
+            for g, scale in zip(opt.param_groups, scales):
+                g["lr"] = lr * scale  # a schedule: the optimizer must read the current value
             for p in model.parameters():
                 p.grad = None
             _loss(model, xs[step][rows].to(dev), ys[step][rows].to(dev)).backward()
@@ -399,96 +563,170 @@ def _zero_rank(rank, world_size, opt_cls, model_kw, state, dtype, xs, ys, batch,
     return {"params": params, "state": _state_summary(opt), "comm": ledger.records}
 
 
-_HYPER = dict(betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
-
-
-def _run_zero(opt_cls, world_size, dims, batch, lrs, unused, frozen, tied, dtype, seed, backend):
+def _run_zero(opt_cls, world_size, dims, batch, lrs, unused, frozen, tied, dtype, seed, backend,
+              optimizer_class=torch.optim.AdamW, groups=None):
     model_kw = dict(dims=dims, unused=unused, frozen=frozen, tied=tied)
     state = _initial_state(model_kw, dtype, seed)
     xs, ys = _batches(seed, len(lrs), batch, dims, dtype, world_size)
+    optim = (optimizer_class, OPTIMIZER_HYPER[optimizer_class], groups)
     outs = run_distributed(_zero_rank, world_size, backend=backend,
-                           args=(opt_cls, model_kw, state, dtype, xs, ys, batch, list(lrs), _HYPER, backend))
+                           args=(opt_cls, model_kw, state, dtype, xs, ys, batch, list(lrs), optim, backend))
     model = _build(model_kw, state, dtype, "cpu")
-    ref = torch.optim.AdamW(model.parameters(), lr=lrs[0], **_HYPER)
+    params, scales = param_groups(model, groups, lrs[0])
+    ref = optimizer_class(params, lr=lrs[0], **OPTIMIZER_HYPER[optimizer_class])
     for step, lr in enumerate(lrs):
-        ref.param_groups[0]["lr"] = lr
+        for g, scale in zip(ref.param_groups, scales):
+            g["lr"] = lr * scale
         ref.zero_grad()
         _loss(model, xs[step], ys[step]).backward()
         ref.step()
     return outs, model
 
 
-def _padded(model, world_size):
-    total = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return -(-total // world_size) * world_size, total
+def _trainable_numel(model):
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def check_zero_matches_adamw(opt_cls, *, world_size=2, dims=(5, 7, 3), batch=3, lrs=(1e-2, 1e-2, 1e-2),
-                             unused=False, frozen=False, tied=False, dtype=torch.float64, seed=0, backend="gloo"):
-    """After len(lrs) steps every rank's parameters equal torch.optim.AdamW on the global batch.
+def zero_padded_size(comm, total, world_size, *, rank):
+    """The student's padded buffer size: the size of the first reduce-scatter in `comm`.
 
-    `lrs[i]` is written to param_groups[0]["lr"] before step i (a schedule).
+    Any multiple of the group size that holds the `total` trainable elements
+    with less than PADDING_BOUND_PER_RANK * d elements of padding; None when
+    there is no reduce-scatter (the minimal padding is then assumed).
     """
-    outs, model = _run_zero(opt_cls, world_size, dims, batch, lrs, unused, frozen, tied, dtype, seed, backend)
+    scatters = select(comm, op="reduce_scatter")
+    if not scatters:
+        return None
+    size = math.prod(scatters[0].shape)
+    bound = PADDING_BOUND_PER_RANK * world_size
+    if size % world_size or not total <= size < total + bound:
+        raise CheckFailure(f"rank {rank}: the reduce-scatter has {size} elements; the flat buffer of {total} "
+                           f"trainable elements must be padded to a multiple of the group size {world_size}, with "
+                           f"less than {bound} elements of padding.\n{format_trace(comm, rank)}")
+    return size
+
+
+def _zero_comm_expectations(comm, *, rank, world_size, total, steps, dtype, ctx):
+    """Per step exactly one reduce-scatter and one all-gather of the same padded size, outside; nothing else."""
+    if world_size == 1:
+        expect_no_comm(comm, rank=rank, context=f"{ctx}; a group of one communicates nothing")
+        return
+    padded = zero_padded_size(comm, total, world_size, rank=rank) or -(-total // world_size) * world_size
+    ctx = f"{ctx}, {total} trainable elements padded to {padded}"
+    expect_no_comm([r for r in comm if r.phase != "outside"], rank=rank, context="forward and backward")
+    expect_comm(comm, rank=rank, op="reduce_scatter", count=steps, phase="outside", shape=(padded,), dtype=dtype,
+                context=ctx)
+    expect_comm(comm, rank=rank, op="all_gather", count=steps, phase="outside", shape=(padded,), dtype=dtype,
+                context=ctx + "; the all-gather mirrors the reduce-scatter")
+    extra = {k: v for k, v in counts(comm).items() if k not in ("reduce_scatter", "all_gather")}
+    if extra:
+        raise CheckFailure(f"rank {rank} ({ctx}): unexpected communication {dict(extra)}:\n"
+                           f"{format_trace(comm, rank)}")
+
+
+def _zero_ctx(optimizer_class, groups, world_size, lrs):
+    g = "" if groups is None else f", parameter groups {list(groups)} (name suffix, lr scale, weight decay)"
+    return f"{optimizer_class.__name__}{g}, world size {world_size}, {len(lrs)} step(s)"
+
+
+@_one_thread
+def check_zero_matches_optimizer(opt_cls, *, world_size=2, dims=(5, 7, 3), batch=3, lrs=(1e-2, 1e-2, 1e-2),
+                                 optimizer_class=torch.optim.AdamW, param_groups=None, unused=False, frozen=False,
+                                 tied=False, dtype=torch.float64, seed=0, backend="gloo"):
+    """After len(lrs) steps every rank's parameters equal `optimizer_class` run by one process on the global batch.
+
+    `lrs[i]` (times the group's lr scale) is written to each parameter
+    group's "lr" before step i (a schedule). Hyperparameters: OPTIMIZER_HYPER.
+    """
+    outs, model = _run_zero(opt_cls, world_size, dims, batch, lrs, unused, frozen, tied, dtype, seed, backend,
+                            optimizer_class, param_groups)
+    ctx = _zero_ctx(optimizer_class, param_groups, world_size, lrs)
+    findings = Findings()
     for rank, out in enumerate(outs):
-        for name, p in model.named_parameters():
-            assert_close(out["params"].get(name), p.detach(), name=f"{name} after {len(lrs)} steps", rank=rank)
+        with findings.communication(hint=True):
+            _zero_comm_expectations(out["comm"], rank=rank, world_size=world_size, total=_trainable_numel(model),
+                                    steps=len(lrs), dtype=dtype, ctx=ctx)
+        with findings.numbers():
+            for name, p in model.named_parameters():
+                assert_close(out["params"].get(name), p.detach(), name=f"{name} after {ctx}", rank=rank)
+    findings.raise_if_any()
     check_consistent([o["comm"] for o in outs], context="ZeroShardedOptimizer.step")
 
 
-def check_zero_state_sharded(opt_cls, *, world_size=2, dims=(5, 7, 3), batch=3, steps=2, unused=False,
-                             frozen=False, tied=False, dtype=torch.float64, seed=0, backend="gloo"):
-    """Each rank's optimizer state (tensors in `optimizer.state`, or in an inner optimizer's) covers its shard only."""
-    outs, model = _run_zero(opt_cls, world_size, dims, batch, [1e-2] * steps, unused, frozen, tied, dtype, seed,
-                            backend)
-    padded, total = _padded(model, world_size)
-    shard = padded // world_size
+@_one_thread
+def check_zero_state_sharded(opt_cls, *, world_size=2, dims=(5, 7, 3), batch=3, steps=2,
+                             optimizer_class=torch.optim.AdamW, param_groups=None, unused=False, frozen=False,
+                             tied=False, dtype=torch.float64, seed=0, backend="gloo"):
+    """Each rank's optimizer state (tensors in `optimizer.state`, or in an inner optimizer's) covers its shard only.
+
+    What it measures: the elements and dtypes of every tensor of dimension >= 1
+    in the optimizer's `state` after `steps` steps, per state key. Each key
+    must hold at most the shard (padded / d, the padding read from the
+    student's reduce-scatter) and at least the elements of this rank's range
+    that have gradients. Deterministic: it counts tensors, not memory.
+    """
+    lrs = [1e-2] * steps
+    outs, model = _run_zero(opt_cls, world_size, dims, batch, lrs, unused, frozen, tied, dtype, seed, backend,
+                            optimizer_class, param_groups)
+    total = _trainable_numel(model)
     want = str(torch.float64 if dtype == torch.float64 else torch.float32)
+    ctx = _zero_ctx(optimizer_class, param_groups, world_size, lrs)
+    order = [p for g in param_groups_order(model, param_groups) for p in g]  # the flat buffer's order
+    names = {p: n for n, p in model.named_parameters()}
     for rank, out in enumerate(outs):
+        try:  # the student's padding (an invalid one is graded by check_zero_comm; assume the minimal here)
+            padded = zero_padded_size(out["comm"], total, world_size, rank=rank)
+        except CheckFailure:
+            padded = None
+        padded = padded or -(-total // world_size) * world_size
+        shard = padded // world_size
         lo, hi = rank * shard, (rank + 1) * shard
         owned, offset = 0, 0  # elements of this rank's range that belong to parameters with a gradient
-        for name, p in model.named_parameters():
+        for p in order:
             if p.requires_grad:
-                if not name.startswith("unused"):
+                if not names[p].startswith("unused"):
                     owned += max(0, min(offset + p.numel(), hi) - max(offset, lo))
                 offset += p.numel()
         summary = out["state"]
-        if not summary:
-            raise CheckFailure(f"rank {rank}: found no state tensors in optimizer.state; keep AdamW's exp_avg and "
-                               f"exp_avg_sq for your range there (e.g. self.state[param][\"exp_avg\"]).")
+        if not summary and owned:  # a rank that owns only padding (or unused parameters) has no state
+            raise CheckFailure(f"rank {rank} ({ctx}): found no state tensors in optimizer.state (nor in an inner "
+                               f"optimizer kept as an attribute); the optimizer's state for your range must be there.")
         for key, (numel, dtypes) in summary.items():
             if numel > shard:
-                raise CheckFailure(f"rank {rank}: optimizer state {key!r} holds {numel} elements; the shard of this "
-                                   f"rank is {shard} elements ({total} parameters padded to {padded}, over "
+                raise CheckFailure(f"rank {rank} ({ctx}): optimizer state {key!r} holds {numel} elements; the shard "
+                                   f"of this rank is {shard} elements ({total} parameters padded to {padded}, over "
                                    f"{world_size} ranks). ZeRO keeps state for the owned range only.")
             if numel < owned:
-                raise CheckFailure(f"rank {rank}: optimizer state {key!r} holds {numel} elements, but this rank "
-                                   f"updates {owned} elements of its range [{lo}, {hi}) that have gradients; "
-                                   f"each needs its own AdamW state.")
+                raise CheckFailure(f"rank {rank} ({ctx}): optimizer state {key!r} holds {numel} elements, but this "
+                                   f"rank updates {owned} elements of its range [{lo}, {hi}) that have gradients; "
+                                   f"each needs its own state.")
             if dtypes != [want]:
-                raise CheckFailure(f"rank {rank}: optimizer state {key!r} has dtype {dtypes}, expected {want} for "
-                                   f"{dtype_name(dtype)} parameters.")
+                raise CheckFailure(f"rank {rank} ({ctx}): optimizer state {key!r} has dtype {dtypes}, expected "
+                                   f"{want} for {dtype_name(dtype)} parameters.")
 
 
-def check_zero_comm(opt_cls, *, world_size=2, dims=(5, 7, 3), batch=3, steps=2, unused=False, frozen=False,
-                    tied=False, dtype=torch.float64, seed=0, backend="gloo"):
-    """Per step exactly one reduce-scatter and one all-gather of the padded flat size, and nothing else."""
-    outs, model = _run_zero(opt_cls, world_size, dims, batch, [1e-2] * steps, unused, frozen, tied, dtype, seed,
-                            backend)
-    padded, total = _padded(model, world_size)
-    n = 0 if world_size == 1 else steps
-    ctx = f"{steps} steps, {total} trainable parameters padded to {padded}"
+def param_groups_order(model, groups):
+    """The parameters in flat-buffer order: group by group, each in model order."""
+    params, _ = param_groups(model, groups, 1.0)
+    return [g["params"] for g in params] if groups is not None else [params]
+
+
+@_one_thread
+def check_zero_comm(opt_cls, *, world_size=2, dims=(5, 7, 3), batch=3, steps=2, optimizer_class=torch.optim.AdamW,
+                    param_groups=None, unused=False, frozen=False, tied=False, dtype=torch.float64, seed=0,
+                    backend="gloo"):
+    """Per step exactly one reduce-scatter and one all-gather of the padded flat size, and nothing else.
+
+    The padded size is the student's (read from the reduce-scatter): any
+    multiple of d with less than PADDING_BOUND_PER_RANK * d elements of padding.
+    """
+    lrs = [1e-2] * steps
+    outs, model = _run_zero(opt_cls, world_size, dims, batch, lrs, unused, frozen, tied, dtype, seed, backend,
+                            optimizer_class, param_groups)
+    ctx = _zero_ctx(optimizer_class, param_groups, world_size, lrs)
     for rank, out in enumerate(outs):
-        comm = out["comm"]
-        expect_no_comm([r for r in comm if r.phase != "outside"], rank=rank, context="forward and backward")
-        expect_comm(comm, rank=rank, op="reduce_scatter", count=n, phase="outside", shape=(padded,), dtype=dtype,
-                    context=ctx)
-        expect_comm(comm, rank=rank, op="all_gather", count=n, phase="outside", shape=(padded,), dtype=dtype,
-                    context=ctx)
-        extra = {k: v for k, v in counts(comm).items() if k not in ("reduce_scatter", "all_gather")}
-        if extra:
-            raise CheckFailure(f"rank {rank} ({ctx}): unexpected communication {dict(extra)}:\n"
-                               f"{format_trace(comm, rank)}")
+        _zero_comm_expectations(out["comm"], rank=rank, world_size=world_size, total=_trainable_numel(model),
+                                steps=steps, dtype=dtype, ctx=ctx)
     check_consistent([o["comm"] for o in outs], context="ZeroShardedOptimizer.step")
 
 
@@ -497,10 +735,10 @@ def _skipped(flag, step):
     return flag in ("frozen", "unused") or (flag == "late" and step == 0)
 
 
-def _rounding_rank(rank, world_size, opt_cls, params, grads, flags, lrs, backend):
+def _rounding_rank(rank, world_size, opt_cls, optimizer_class, params, grads, flags, lrs, backend):
     dev = rank_device(rank, backend)
     ps = [nn.Parameter(p.clone().to(dev), requires_grad=flag != "frozen") for p, flag in zip(params, flags)]
-    opt = opt_cls(ps, group=_world(), lr=lrs[0], **_HYPER)
+    opt = opt_cls(ps, optimizer_class=optimizer_class, group=_world(), lr=lrs[0], **OPTIMIZER_HYPER[optimizer_class])
     for step, lr in enumerate(lrs):
         opt.param_groups[0]["lr"] = lr
         for i, p in enumerate(ps):
@@ -509,12 +747,16 @@ def _rounding_rank(rank, world_size, opt_cls, params, grads, flags, lrs, backend
     return [p.detach().cpu() for p in ps]
 
 
+@_one_thread
 def check_zero_rounding(opt_cls, *, world_size=2, shapes=((3, 5), (7,), (1,), (2, 2), (4,)),
-                        flags=("", "late", "unused", "", "frozen"), lrs=(1e-2, 3e-3, 1e-2), seed=0, backend="gloo"):
-    """float32: agreement with torch.optim.AdamW to rtol 1e-7 (same operations in the same order).
+                        flags=("", "late", "unused", "", "frozen"), lrs=(1e-2, 3e-3, 1e-2),
+                        optimizer_class=torch.optim.AdamW, seed=0, backend="gloo"):
+    """float32: agreement with `optimizer_class` (default torch.optim.AdamW) to rtol 1e-7.
 
     Gradients are small dyadic numbers, so their average over the ranks is
-    exact and any difference comes from the update itself.
+    exact in any summation order and any difference comes from the update
+    itself: run torch's optimizer on the owned pieces (or the same operations
+    in the same order).
     """
     g = torch.Generator().manual_seed(seed)
     # parameters of the size of a few updates, so a last-bit difference in the update shows in them
@@ -522,9 +764,9 @@ def check_zero_rounding(opt_cls, *, world_size=2, shapes=((3, 5), (7,), (1,), (2
     grads = [[[torch.randint(-1024, 1024, s, generator=g).float() / 4096 for s in shapes] for _ in range(world_size)]
              for _ in lrs]
     outs = run_distributed(_rounding_rank, world_size, backend=backend,
-                           args=(opt_cls, params, grads, list(flags), list(lrs), backend))
+                           args=(opt_cls, optimizer_class, params, grads, list(flags), list(lrs), backend))
     ref = [nn.Parameter(p.clone(), requires_grad=f != "frozen") for p, f in zip(params, flags)]
-    opt = torch.optim.AdamW(ref, lr=lrs[0], **_HYPER)
+    opt = optimizer_class(ref, lr=lrs[0], **OPTIMIZER_HYPER[optimizer_class])
     for step, lr in enumerate(lrs):
         opt.param_groups[0]["lr"] = lr
         for i, p in enumerate(ref):
@@ -532,186 +774,8 @@ def check_zero_rounding(opt_cls, *, world_size=2, shapes=((3, 5), (7,), (1,), (2
         opt.step()
     for rank, out in enumerate(outs):
         for i, p in enumerate(ref):
-            assert_close(out[i], p.detach(), name=f"parameter {i} {fmt_shape(shapes[i])} ({flags[i] or 'trained'})",
-                         rank=rank, rtol=1e-7, atol=0.0)
-
-
-# ---------------------------------------------------------------------------
-# fully_shard / FullyShardedLinear
-# ---------------------------------------------------------------------------
-
-class _GatherWatcher(TorchDispatchMode):
-    """Keeps a weak reference to the storage of every all-gather output (to see what stays alive)."""
-
-    _OPS = {"_allgather_base_": "output_tensor", "allgather_into_tensor_coalesced_": "outputs",
-            "allgather_": "output_tensors", "all_gather_into_tensor": None, "all_gather_into_tensor_out": "out"}
-
-    def __init__(self):
-        super().__init__()
-        self.storages = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        name = func._schema.name.split("::")[-1]
-        if func.namespace in ("c10d", "_c10d_functional") and name in self._OPS:
-            by_name = {a.name: v for a, v in zip(func._schema.arguments, args)}
-            by_name.update(kwargs)
-            target = out if self._OPS[name] is None else by_name.get(self._OPS[name])
-            for t in _tensors(target):
-                self.storages.append((weakref.ref(t.untyped_storage()), tuple(t.shape)))
-        return out
-
-    def alive(self):
-        """Shapes of gathered outputs whose storage still exists with bytes in it."""
-        result = []
-        for ref, shape in self.storages:
-            s = ref()
-            if s is not None and s.nbytes() > 0:
-                result.append(shape)
-        return result
-
-
-def _tensors(x):
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, (list, tuple)):
-        for v in x:
-            yield from _tensors(v)
-
-
-def _mlp(dims, bias):
-    layers = []
-    for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
-        layers.append(nn.Linear(a, b, bias=bias))
-        if i < len(dims) - 2:
-            layers.append(nn.Tanh())
-    return nn.Sequential(*layers)
-
-
-def _fsdp_rank(rank, world_size, shard_fn, dims, bias, state, dtype, x, y, batch, backend):
-    dev = rank_device(rank, backend)
-    model = _mlp(dims, bias).to(dtype)
-    model.load_state_dict(state)
-    model = shard_fn(model.to(dev), group=_world())
-    shards = list(model.parameters())
-    rows = slice(rank * batch, (rank + 1) * batch)
-    inp = x[rows].clone().to(dev).requires_grad_()
-    watcher, saved = _GatherWatcher(), []
-
-    def pack(t):
-        saved.append(tuple(t.shape))
-        return t
-
-    with CommLedger() as ledger:
-        with watcher, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = model(inp)
-        alive = watcher.alive()  # right after forward
-        ((out - y[rows].to(dev)) ** 2).mean().backward()
-    return {"out": out.detach().cpu(), "x_grad": None if inp.grad is None else inp.grad.cpu(),
-            "shards": [s.detach().cpu() for s in shards],
-            "shard_grads": [None if s.grad is None else s.grad.cpu() for s in shards],
-            "comm": ledger.records, "alive": alive, "saved": saved, "n_gathers": len(watcher.storages)}
-
-
-def _flat(tensors, world_size):
-    """Layout of one wrapped linear layer: weight (row-major), then bias, zero-padded to a multiple of d."""
-    flat = torch.cat([t.reshape(-1) for t in tensors])
-    padded = -(-flat.numel() // world_size) * world_size
-    return torch.cat([flat, flat.new_zeros(padded - flat.numel())])
-
-
-def _run_fsdp(shard_fn, world_size, dims, batch, bias, dtype, seed, backend):
-    torch.manual_seed(seed)
-    model = _mlp(dims, bias).to(dtype)
-    state = model.state_dict()
-    g = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(world_size * batch, dims[0], generator=g, dtype=torch.float64).to(dtype)
-    y = torch.randn(world_size * batch, dims[-1], generator=g, dtype=torch.float64).to(dtype)
-    outs = run_distributed(_fsdp_rank, world_size, backend=backend,
-                           args=(shard_fn, dims, bias, state, dtype, x, y, batch, backend))
-    return outs, model, x, y
-
-
-def check_fsdp_numerics(shard_fn, *, world_size=2, dims=(5, 7, 3), batch=3, bias=True, dtype=torch.float64, seed=0,
-                        backend="gloo"):
-    """fully_shard(model): outputs, input grads and each rank's shard of the averaged param grads match nn.Linear."""
-    outs, model, x, y = _run_fsdp(shard_fn, world_size, dims, batch, bias, dtype, seed, backend)
-    linears = [m for m in model if isinstance(m, nn.Linear)]
-    grads = [[torch.zeros_like(p) for p in lin.parameters()] for lin in linears]
-    for rank in range(world_size):  # averaged gradients of the local-mean losses
-        rows = slice(rank * batch, (rank + 1) * batch)
-        model.zero_grad()
-        inp = x[rows].clone().requires_grad_()
-        out = model(inp)
-        ((out - y[rows]) ** 2).mean().backward()
-        o = outs[rank]
-        assert_close(o["out"], out.detach(), name="forward output", rank=rank)
-        assert_close(o["x_grad"], inp.grad, name="grad of the input", rank=rank)
-        for gs, lin in zip(grads, linears):
-            for acc, p in zip(gs, lin.parameters()):
-                acc += p.grad / world_size
-    for rank, o in enumerate(outs):
-        if len(o["shards"]) != len(linears):
-            raise CheckFailure(f"rank {rank}: after fully_shard the model has {len(o['shards'])} parameters; expected "
-                               f"one flat shard per linear layer ({len(linears)}).")
-        for i, (gs, lin) in enumerate(zip(grads, linears)):
-            full_w = _flat([p.detach() for p in lin.parameters()], world_size)
-            full_g = _flat(gs, world_size)
-            shard = full_w.numel() // world_size
-            part = slice(rank * shard, (rank + 1) * shard)
-            assert_close(o["shards"][i], full_w[part], name=f"flat shard of linear {i}", rank=rank)
-            assert_close(o["shard_grads"][i], full_g[part], name=f"grad of the flat shard of linear {i}", rank=rank)
-
-
-def check_fsdp_comm(shard_fn, *, world_size=2, dims=(5, 7, 3), batch=3, bias=True, dtype=torch.float64, seed=0,
-                    backend="gloo"):
-    """Per wrapped linear: 1 all-gather in forward; 1 all-gather + 1 reduce-scatter in backward (padded size)."""
-    outs, model, _, _ = _run_fsdp(shard_fn, world_size, dims, batch, bias, dtype, seed, backend)
-    linears = [m for m in model if isinstance(m, nn.Linear)]
-    for rank, o in enumerate(outs):
-        comm = o["comm"]
-        if world_size == 1:
-            expect_no_comm(comm, rank=rank, context="a group of one communicates nothing")
-            continue
-        for i, lin in enumerate(linears):
-            padded = _flat([p.detach() for p in lin.parameters()], world_size).numel()
-            same = sum(1 for other in linears
-                       if _flat([p.detach() for p in other.parameters()], world_size).numel() == padded)
-            ctx = f"linear {i}, flat size {padded}"
-            expect_comm(comm, rank=rank, op="all_gather", count=same, phase="forward", shape=(padded,), context=ctx)
-            expect_comm(comm, rank=rank, op="all_gather", count=same, phase="backward", shape=(padded,), context=ctx)
-            expect_comm(comm, rank=rank, op="reduce_scatter", count=same, phase="backward", shape=(padded,),
-                        context=ctx)
-        n = len(linears)
-        c_fwd, c_bwd = counts(comm, "forward"), counts(comm, "backward")
-        if dict(c_fwd) != {"all_gather": n} or dict(c_bwd) != {"all_gather": n, "reduce_scatter": n}:
-            raise CheckFailure(f"rank {rank}: expected forward {{all_gather: {n}}} and backward {{all_gather: {n}, "
-                               f"reduce_scatter: {n}}}, saw forward {dict(c_fwd)}, backward {dict(c_bwd)}:\n"
-                               f"{format_trace(comm, rank)}")
-    check_consistent([o["comm"] for o in outs], context="fully_shard")
-
-
-def check_fsdp_frees(shard_fn, *, world_size=2, dims=(5, 7, 3), batch=3, bias=True, dtype=torch.float64, seed=0,
-                     backend="gloo"):
-    """After forward no gathered full parameter is alive, and none is saved for backward."""
-    outs, model, _, _ = _run_fsdp(shard_fn, world_size, dims, batch, bias, dtype, seed, backend)
-    linears = [m for m in model if isinstance(m, nn.Linear)]
-    full_shapes = {tuple(lin.weight.shape) for lin in linears} - {(batch, d) for d in dims}
-    padded = [_flat([p.detach() for p in lin.parameters()], world_size).numel() for lin in linears]
-    full_shapes |= {(n,) for n in padded}
-    full_shapes -= {(n // world_size,) for n in padded}  # a shard may have the size of another layer's full buffer
-    for rank, o in enumerate(outs):
-        if world_size > 1 and o["n_gathers"] == 0:
-            raise CheckFailure(f"rank {rank}: forward issued no all-gather; gather the flat parameter in forward.")
-        if o["alive"]:
-            raise CheckFailure(f"rank {rank}: after forward, {len(o['alive'])} gathered parameter buffer(s) of shape "
-                               f"{[fmt_shape(s) for s in o['alive']]} are still allocated. Free them after forward "
-                               f"(drop every reference, or untyped_storage().resize_(0)) and gather again in backward.")
-        kept = [s for s in o["saved"] if s in full_shapes]
-        if world_size > 1 and kept:
-            raise CheckFailure(f"rank {rank}: forward saved tensor(s) of shape {[fmt_shape(s) for s in kept]} for "
-                               f"backward: a full parameter. Save the input and the shard; gather again in backward.")
+            assert_close(out[i], p.detach(), name=f"{optimizer_class.__name__}: parameter {i} {fmt_shape(shapes[i])} "
+                         f"({flags[i] or 'trained'})", rank=rank, rtol=1e-7, atol=0.0)
 
 
 # ---------------------------------------------------------------------------

@@ -97,6 +97,20 @@ MUTANTS = [
         why="all-reduces every gradient, tensor-parallel shards included",
     ),
     mutant(
+        "mlp_bias_when_master_bias_none", "parallel_mlp",
+        [("hidden_size, ffn_hidden_size, tp_group=tp_group, bias=master_fc1_bias is not None,",
+          "hidden_size, ffn_hidden_size, tp_group=tp_group, bias=True,")],
+        must_fail={"test_parallel_mlp"},
+        why="fc1 always gets a bias (zeros when the master bias is None): a parameter the model does not have",
+    ),
+    mutant(
+        "sp_grads_none_not_skipped", "parallel_mlp",
+        [('if getattr(p, "sequence_parallel", False) and p.grad is not None]',
+          'if getattr(p, "sequence_parallel", False)]')],
+        must_fail={"test_sequence_parallel_grads"},
+        why="a marked parameter without a gradient is not skipped: its None reaches torch.cat",
+    ),
+    mutant(
         "ce_no_max_subtraction", "cross_entropy",
         [("logits = logits - logits_max.unsqueeze(-1)  #", "logits = logits  #")],
         must_fail={"test_cross_entropy_extreme_logits"},
@@ -120,4 +134,12 @@ MUTANTS = [
         must_fail={"test_async_allreduce_overlap"},
         why="a synchronous all-reduce (handle is None, never waited): correct numbers, no overlap",
     ),
+    mutant(
+        "gather_noncontiguous_view", "tp_mappings",
+        [("    input_ = input_.contiguous()\n", "")],
+        must_fail={"test_scatter_to_region", "test_gather_from_region"},
+        why="the last-dim gather hands its input (a view) straight to all_gather_single: gloo copies it, "
+            "NCCL refuses it; the runner names the line",
+    ),
 ]
+
