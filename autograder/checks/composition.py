@@ -42,6 +42,7 @@ __all__ = [
     "TOL", "check_rank_layout", "check_rank_layout_errors", "check_process_groups", "check_device_mesh",
     "check_local_batch", "check_tensor_parallel_plan", "check_dp_tp_training", "check_loss_averaging",
     "check_tied_embedding_grads", "check_clip_grad_norm", "check_pipeline_training", "plot_rank_layout",
+    "PIPELINE_FUNCTIONS", "check_memory_per_gpu", "check_step_time", "check_plan", "check_best_layouts",
 ]
 
 _TIMEOUT = 60.0
@@ -881,3 +882,120 @@ def _rect(x, y, color):
     from matplotlib.patches import Rectangle
 
     return Rectangle((x, y), 1, 1, facecolor=color, edgecolor="white")
+
+
+# ---------------------------------------------------------------------------
+# Exercises 10-12: the planner (no ranks: arithmetic against hand-computed numbers and published layouts)
+# ---------------------------------------------------------------------------
+
+def _describe_case(model, layout, training, cluster=None) -> str:
+    where = f" on {cluster.num_gpus} GPUs" if cluster is not None else ""
+    return (f"{model.name}, {layout.name}{where}, micro-batch {layout.micro_batch}, seq {training.seq_len}, "
+            f"global batch {training.global_batch}")
+
+
+def _expect_numbers(got, expected: dict, *, what: str, unit: str, scale: float) -> None:
+    if not isinstance(got, dict):
+        raise CheckFailure(f"{what}: returned {type(got).__name__}, expected a dict with keys {sorted(expected)}")
+    missing = [k for k in expected if k not in got]
+    if missing:
+        raise CheckFailure(f"{what}: no key(s) {missing}; returned keys {sorted(got)}")
+    wrong = []
+    for key, want in expected.items():
+        value = got[key]
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise CheckFailure(f"{what}: [{key!r}] is a {type(value).__name__}, expected a number")
+        if not math.isclose(float(value), float(want), rel_tol=1e-9, abs_tol=1e-12 * max(1.0, abs(want))):
+            ratio = f", ratio {value / want:.6g}" if want else ""
+            wrong.append(f"[{key!r}]: expected {want / scale:.6g} {unit}, got {value / scale:.6g} {unit}{ratio}")
+    if wrong:
+        raise CheckFailure(f"{what}: " + "; ".join(wrong))
+
+
+def check_memory_per_gpu(memory_per_gpu, model, layout, training, *, expected: dict) -> None:
+    """`memory_per_gpu(model, layout, training)` equals the hand-computed bytes (relative 1e-9), and names the
+    worst stage."""
+    got = memory_per_gpu(model, layout, training)
+    what = f"memory_per_gpu({_describe_case(model, layout, training)})"
+    expected = dict(expected)
+    stage = expected.pop("stage", None)
+    _expect_numbers(got, expected, what=what, unit="GB", scale=1e9)
+    if stage is not None and got.get("stage") != stage:
+        raise CheckFailure(f"{what}: the worst stage is {stage}, got {got.get('stage')!r}")
+
+
+def check_step_time(step_time, model, cluster, layout, training, *, expected: dict) -> None:
+    """`step_time(model, cluster, layout, training)` equals the hand-computed seconds (relative 1e-9)."""
+    got = step_time(model, cluster, layout, training)
+    _expect_numbers(got, expected, what=f"step_time({_describe_case(model, layout, training, cluster)})",
+                    unit="s", scale=1.0)
+
+
+def check_plan(plan, model, cluster, layout, training, *, feasible: bool, reason: str | None = None,
+               memory_gb: tuple | None = None) -> None:
+    """`plan(...)` judges a layout as given: feasible or not, a reason containing `reason`, the worst GPU's
+    memory within `memory_gb` = (low, high)."""
+    from autograder.planner import Plan
+
+    what = f"plan({_describe_case(model, layout, training, cluster)})"
+    p = plan(model, cluster, layout, training)
+    if not isinstance(p, Plan):
+        raise CheckFailure(f"{what}: returned {type(p).__name__}, expected an autograder.planner.Plan")
+    if memory_gb is not None:
+        gb = p.memory["total"] / 1e9
+        if not memory_gb[0] <= gb <= memory_gb[1]:
+            raise CheckFailure(f"{what}: {gb:.1f} GB on the worst GPU, expected between {memory_gb[0]} and "
+                               f"{memory_gb[1]} GB (breakdown: " + ", ".join(
+                                   f"{k} {p.memory[k] / 1e9:.2f}" for k in ("params", "grads", "optimizer",
+                                                                           "activations")) + ")")
+    if bool(p.feasible) != feasible:
+        raise CheckFailure(f"{what}: judged {'feasible' if p.feasible else 'infeasible'} ({p.reasons}), expected "
+                           f"{'feasible' if feasible else 'infeasible'}")
+    if feasible and p.reasons:
+        raise CheckFailure(f"{what}: feasible, yet with reasons {p.reasons}")
+    if reason is not None and not any(reason in r for r in p.reasons):
+        raise CheckFailure(f"{what}: expected a reason mentioning {reason!r}, got {p.reasons}")
+
+
+def check_best_layouts(best_layouts, plan, model, cluster, training, *, top: int = 3, zero_stages=(1,),
+                       recompute=("none", "full"), must_include=()) -> None:
+    """`best_layouts` returns the `top` fastest feasible plans of the whole candidate space, judged by the
+    student's own `plan` (so this checks the search, not the numbers): every candidate (tp a power of two up
+    to the node's GPUs, cp a power of two up to 32, pp a divisor of what is left up to the layers) is planned
+    here, and the returned list must be exactly the fastest feasible ones, fastest first. Layouts in
+    `must_include` must be feasible."""
+    from autograder.planner import Layout, Plan
+
+    what = f"best_layouts({model.name}, {cluster.num_gpus} GPUs, top={top})"
+    got = best_layouts(model, cluster, training, zero_stages=zero_stages, recompute=recompute, top=top)
+    if not isinstance(got, list) or not all(isinstance(p, Plan) for p in got):
+        raise CheckFailure(f"{what}: expected a list of Plan, got {type(got).__name__}")
+    candidates = []
+    n = cluster.num_gpus
+    tps = [1 << i for i in range(12) if (1 << i) <= cluster.node.gpus]
+    cps = [1 << i for i in range(6)]
+    for tp in tps:
+        for cp in cps:
+            if n % (tp * cp):
+                continue
+            rest = n // (tp * cp)
+            for pp in (x for x in range(1, min(rest, model.n_layers) + 1) if rest % x == 0):
+                for zero in zero_stages:
+                    for rc in recompute:
+                        candidates.append(plan(model, cluster, Layout(tp=tp, cp=cp, pp=pp, dp=rest // pp, zero=zero,
+                                                                      recompute=rc), training))
+    feasible = sorted((p for p in candidates if p.feasible), key=lambda p: (p.time["total"], p.memory["total"]))
+    want = [p.layout for p in feasible[:top]]
+    have = [p.layout for p in got]
+    if have != want:
+        def names(layouts):
+            return [lay.name for lay in layouts]
+        raise CheckFailure(f"{what}: returned {names(have)}; the {top} fastest feasible of the {len(candidates)} "
+                           f"candidates (by your plan) are {names(want)}")
+    for p in got:
+        if not p.feasible:
+            raise CheckFailure(f"{what}: returned an infeasible plan: {p.layout.name} ({p.reasons})")
+    for layout in must_include:
+        p = plan(model, cluster, layout, training)
+        if not p.feasible:
+            raise CheckFailure(f"{what}: the published layout {layout.name} must be feasible, got {p.reasons}")
