@@ -93,9 +93,9 @@ def rank_layout(world_size: int, *, tp: int = 1, cp: int = 1, pp: int = 1, dp: i
     Megatron rejects (see `_parse_order`; with experts, ep > 1 or etp != tp,
     and pp > 1, an order not ending in "pp" needs the same data-parallel size
     for attention and experts, and both generators the same pipeline groups).
-    A dense model (ep = 1, etp = tp) has the expert groups of its dense ranks:
-    "ep" single ranks, "etp" the TP groups, "edp" the DP x CP groups: what
-    Megatron's expert generator builds whenever it accepts the order.
+    A dense model (ep = 1, etp = tp) never uses the expert groups, so those two
+    checks are skipped for it (Megatron applies them anyway, so it rejects,
+    e.g., the course's order tp-cp-pp-dp with cp > 1 and pp > 1).
     """
     ### BEGIN SOLUTION
     for name, value in (("world_size", world_size), ("tp", tp), ("cp", cp), ("pp", pp), ("ep", ep)):
@@ -133,14 +133,12 @@ def rank_layout(world_size: int, *, tp: int = 1, cp: int = 1, pp: int = 1, dp: i
     layout = {"tp": dense("tp"), "cp": dense("cp"), "pp": dense("pp"), "dp": dense("dp"),
               "dp_cp": dense("dp-cp"), "tp_pp": dense("tp-pp")}
     layout["embedding"] = [[g[0], g[-1]] if len(g) > 1 else [g[0]] for g in layout["pp"]]
-    if ep == 1 and etp == tp:  # no experts: the expert groups are the dense ones
-        layout.update(ep=[[r] for r in range(world_size)], etp=layout["tp"], edp=layout["dp_cp"])
-        return layout
-    if not (order.lower().endswith("pp") or pp == 1 or edp == dp):
+    moe = ep > 1 or etp != tp  # a dense model never uses the expert groups: Megatron's two checks are moot
+    if moe and not (order.lower().endswith("pp") or pp == 1 or edp == dp):
         raise ValueError(f"rank_layout: order {order!r} does not end in pp, so the data-parallel sizes of "
                          f"attention (dp = {dp}) and experts (edp = {edp}) must be equal (Megatron: "
                          f"'When not using pp-last rank ordering, ...')")
-    if experts("pp") != layout["pp"]:
+    if moe and experts("pp") != layout["pp"]:
         raise ValueError(f"rank_layout: with order {order!r} the pipeline groups of attention and experts differ "
                          f"(tp = {tp}, cp = {cp}, etp = {etp}, ep = {ep}); Megatron requires them equal")
     layout.update(ep=experts("ep"), etp=experts("tp"), edp=experts("dp"))

@@ -252,6 +252,7 @@ def build() -> NotebookBuilder:
         ((12,), dict(pp=5), ("12", "5")), ((8,), dict(tp=2, ep=3), ("3",)), ((8,), dict(tp=2, order="tp-xp-dp"), ("xp",)),
         ((8,), dict(tp=2, order="tp-tp-dp"), ("tp",)), ((0,), dict(), ("0",)), ((8,), dict(tp=0), ("0",)),
         ((8,), dict(tp=2, etp=3), ("3",)), ((8,), dict(tp=2, pp=2, ep=2, order="tp-ep-pp-dp"), ()),
+        ((8,), dict(pp=2, ep=4, etp=1, order="tp-pp-cp-ep-dp"), ("pp",)),  # same pipeline groups, dp 4 != edp 1
     ])
     """)
     nb.markdown("""

@@ -177,8 +177,8 @@ def check_rank_layout_errors(rank_layout, cases) -> None:
         except Exception as exc:  # noqa: BLE001 - a verdict
             raise CheckFailure(f"{call} raised {type(exc).__name__}: {exc}; expected a ValueError naming the "
                                f"sizes") from exc
-        raise CheckFailure(f"{call} returned {type(result).__name__} instead of raising ValueError "
-                           f"(the sizes cannot be laid out: {', '.join(mentions)})")
+        raise CheckFailure(f"{call}: expected a ValueError naming {', '.join(mentions) or 'the sizes'} (these sizes "
+                           f"and order cannot be laid out as Megatron does), got a {type(result).__name__}")
 
 
 # ---------------------------------------------------------------------------
@@ -412,15 +412,17 @@ def check_tensor_parallel_plan(apply_tensor_parallel, *, world_size: int = 2, ar
             for name, p in ref.named_parameters():
                 _close(out["grads"].get(name), p.grad, name=f"{ctx}: gradient of {name}", rank=rank)
         with findings.communication():
-            activation = batch * seq * args.dim
+            # loss_parallel's all-reduces are per token ([b * s]); anything larger is an activation
             big = [r for r in out["records"] if r.op == "all_reduce" and r.phase == "forward"
-                   and math.prod(r.shape) == activation]
+                   and math.prod(r.shape) > batch * seq]
             if big:
+                shapes = ", ".join(sorted({fmt_shape(r.shape) for r in big}))
                 raise CheckFailure(
-                    f"rank {rank} ({ctx}): forward all-reduced a [b, s, h] activation {len(big)} time(s): without "
-                    f"sequence parallelism the row-parallel outputs are all-reduced; with it they are "
-                    f"reduce-scattered along the sequence (RowwiseParallel(output_layouts=Shard(1))). "
-                    f"Communication of rank {rank}:\n{format_trace(out['records'], rank)}")
+                    f"rank {rank} ({ctx}): forward all-reduced an activation {len(big)} time(s) ({shapes}): with "
+                    f"sequence parallelism the only forward all-reduces are the loss's, per token; a row-parallel "
+                    f"output is reduce-scattered along the sequence (RowwiseParallel(output_layouts=Shard(1))), a "
+                    f"column-parallel one stays sharded. Communication of rank {rank}:\n"
+                    f"{format_trace(out['records'], rank)}")
     findings.raise_if_any()
 
 
@@ -990,8 +992,8 @@ def check_best_layouts(best_layouts, plan, model, cluster, training, *, top: int
     if have != want:
         def names(layouts):
             return [lay.name for lay in layouts]
-        raise CheckFailure(f"{what}: returned {names(have)}; the {top} fastest feasible of the {len(candidates)} "
-                           f"candidates (by your plan) are {names(want)}")
+        raise CheckFailure(f"{what}: expected the {top} fastest feasible of the {len(candidates)} candidates (judged "
+                           f"by your plan), fastest first: {names(want)}; got {names(have)}")
     for p in got:
         if not p.feasible:
             raise CheckFailure(f"{what}: returned an infeasible plan: {p.layout.name} ({p.reasons})")
