@@ -34,7 +34,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 from torch.distributed.tensor.parallel import loss_parallel
 
 from autograder.compare import CheckFailure, Findings, assert_close, fmt_shape
-from autograder.dist import run_distributed
+from autograder.dist import DistributedError, run_distributed
 from autograder.ledger import CommLedger, expect_no_comm, format_trace
 from autograder.tinygpt import ModelArgs, TinyGPT, master_state
 
@@ -64,6 +64,26 @@ def _full(t):
     return t.detach().cpu().clone()
 
 
+def _rank_logging_to_log_file() -> None:
+    """In a forked rank: send Python logging to the rank's own log file, as its prints already go.
+
+    torch's logging handlers (DTensor's redistribution notes, c10d's fallbacks) were
+    created in the parent, on the parent's stderr: in a notebook kernel that is the
+    cell's output stream, so a rank's warning would appear under the test cell. The
+    runner captures what a rank writes to its own sys.stderr; repoint the handlers there.
+    """
+    import logging
+    import sys
+
+    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(lg, logging.Logger)]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if (isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
+                    and handler.stream not in (sys.stderr, sys.stdout)):
+                handler.stream = sys.stderr  # plain assignment: no flush of the parent's stream from here
+
+
 def _student(fn, *args, what: str, **kwargs):
     """Call the student's `fn`; translate the one DTensor error students meet most into what to do."""
     try:
@@ -74,6 +94,29 @@ def _student(fn, *args, what: str, **kwargs):
                 f"{what}: a torch.distributed collective was called on a DTensor ({exc}). Under TP and FSDP "
                 f"parameters and gradients are DTensors: communicate their local shards, "
                 f"`dist.all_reduce(grad.to_local(), ...)`.") from exc
+        raise
+
+
+# the exercise of each student function, for the tests that compose several of them
+_EXERCISE_OF = {"rank_layout": 1, "_orthogonal_groups": 1, "build_process_groups": 2, "build_device_mesh": 2,
+                "local_batch": 3, "apply_tensor_parallel": 4, "apply_fsdp": 5, "pipeline_loss_fn": 6,
+                "reduce_loss_for_logging": 6, "allreduce_tied_embedding_grads": 7, "clip_grad_norm_": 8,
+                "split_model_for_pipeline": 9, "build_schedule": 9, "pipeline_train_step": 9}
+
+
+def _run_composed(exercise: int, fn, world_size: int, **kwargs):
+    """run_distributed for a test that uses functions of several exercises: a stub of ANOTHER exercise is
+    named with its own exercise (the cell's label alone would send the student to the wrong answer cell)."""
+    try:
+        return run_distributed(fn, world_size, **kwargs)
+    except DistributedError as exc:
+        stub = exc.stub
+        owner = _EXERCISE_OF.get(stub.split(".")[0]) if stub else None
+        if owner is not None and owner != exercise:
+            raise NotImplementedError(
+                f"Exercise {owner} is not done yet: {stub} is still the stub (it raises NotImplementedError). "
+                f"This test uses it: implement Exercise {owner} first, run its cell, then run this one again."
+            ) from None
         raise
 
 
@@ -186,6 +229,7 @@ def check_rank_layout_errors(rank_layout, cases) -> None:
 # ---------------------------------------------------------------------------
 
 def _groups_rank(rank, world_size, fn, layout):
+    _rank_logging_to_log_file()
     groups = _student(fn, layout, what="build_process_groups")
     if not isinstance(groups, dict):
         raise CheckFailure(f"rank {rank}: build_process_groups returned {type(groups).__name__}, expected a dict")
@@ -241,6 +285,7 @@ def check_process_groups(build_process_groups, layout: dict, *, world_size: int,
 
 
 def _mesh_rank(rank, world_size, fn, sizes, order):
+    _rank_logging_to_log_file()
     mesh = _student(fn, order=order, what="build_device_mesh", **sizes)
     names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
     groups = {n: mesh[n].mesh.flatten().tolist() for n in names}
@@ -273,6 +318,7 @@ def check_device_mesh(build_device_mesh, *, world_size: int, order: str, expecte
 # ---------------------------------------------------------------------------
 
 def _batch_rank(rank, world_size, fn, shape, names, tokens, labels):
+    _rank_logging_to_log_file()
     mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
     out = _student(fn, tokens, labels, mesh=mesh, what="local_batch")
     if not isinstance(out, dict) or not {"tokens", "labels", "positions"} <= set(out):
@@ -345,6 +391,7 @@ def _expected_placement(name: str):
 
 
 def _tp_rank(rank, world_size, fn, args, state, tokens, labels):
+    _rank_logging_to_log_file()
     mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("tp",))
     model = TinyGPT(args).double()
     model.load_state_dict(state)
@@ -431,6 +478,7 @@ def check_tensor_parallel_plan(apply_tensor_parallel, *, world_size: int = 2, ar
 # ---------------------------------------------------------------------------
 
 def _dp_tp_rank(rank, world_size, apply_tp, apply_fsdp, local_batch, dp, tp, args, state, tokens, labels, steps):
+    _rank_logging_to_log_file()
     mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
     model = TinyGPT(args).double()
     model.load_state_dict(state)
@@ -475,7 +523,7 @@ def check_dp_tp_training(apply_tensor_parallel, apply_fsdp, local_batch, *, dp: 
     state = master_state(args, seed=seed)
     tokens, labels = _batch(args, batch, seq, seed)
     ref_losses, ref_state, _ = _reference_training(args, state, tokens, labels, steps=steps, max_norm=None)
-    results = run_distributed(_dp_tp_rank, dp * tp, timeout=timeout,
+    results = _run_composed(5, _dp_tp_rank, dp * tp, timeout=timeout,
                               args=(apply_tensor_parallel, apply_fsdp, local_batch, dp, tp, args, state, tokens,
                                     labels, steps))
     ctx = f"DP {dp} x TP {tp} (SP), {steps} AdamW steps, global batch [{batch}, {seq}]"
@@ -512,6 +560,7 @@ def check_dp_tp_training(apply_tensor_parallel, apply_fsdp, local_batch, *, dp: 
 # ---------------------------------------------------------------------------
 
 def _loss_rank(rank, world_size, loss_fn, reduce_fn, dp, tp, logits, labels, microbatches):
+    _rank_logging_to_log_file()
     mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
     d, t = mesh["dp"].get_local_rank(), mesh["tp"].get_local_rank()
     rows = logits.shape[0] // dp
@@ -622,6 +671,7 @@ def _embedding_group(mesh, rank: int, pp: int):
 
 
 def _tied_rank(rank, world_size, fn, pp, tp, grads, vocab, dim):
+    _rank_logging_to_log_file()
     mesh = init_device_mesh("cpu", (pp, world_size // (pp * tp), tp), mesh_dim_names=("pp", "dp", "tp"))
     group = _embedding_group(mesh, rank, pp)
     s = mesh["pp"].get_local_rank()
@@ -703,6 +753,7 @@ def _clip_specs(pp: int, vocab: int, dim: int) -> list:
 
 
 def _clip_rank(rank, world_size, fn, pp, dp, tp, specs, grads, max_norm):
+    _rank_logging_to_log_file()
     mesh = init_device_mesh("cpu", (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
     sub = mesh["dp", "tp"]
     s = mesh["pp"].get_local_rank()
@@ -768,6 +819,7 @@ def check_clip_grad_norm(clip_grad_norm_, *, pp: int = 2, dp: int = 2, tp: int =
 # ---------------------------------------------------------------------------
 
 def _pp_rank(rank, world_size, fns, pp, dp, tp, args, state, tokens, labels, microbatches, steps, max_norm):
+    _rank_logging_to_log_file()
     mesh = init_device_mesh("cpu", (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
     pp_group = mesh["pp"].get_group()
     embedding_group = _embedding_group(mesh, rank, pp)
@@ -813,7 +865,7 @@ def check_pipeline_training(functions: dict, *, pp: int = 2, dp: int = 2, tp: in
     state = master_state(args, seed=seed)
     tokens, labels = _batch(args, batch, seq, seed)
     ref_losses, ref_state, _ = _reference_training(args, state, tokens, labels, steps=steps, max_norm=max_norm)
-    results = run_distributed(_pp_rank, pp * dp * tp, timeout=timeout,
+    results = _run_composed(9, _pp_rank, pp * dp * tp, timeout=timeout,
                               args=(dict(functions), pp, dp, tp, args, state, tokens, labels, microbatches, steps,
                                     max_norm))
     ctx = f"PP {pp} x DP {dp} x TP {tp}, {microbatches} micro-batches, {steps} steps, clipped at {max_norm:g}"
