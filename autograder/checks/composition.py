@@ -483,6 +483,7 @@ def _dp_tp_rank(rank, world_size, apply_tp, apply_fsdp, local_batch, dp, tp, arg
     model = TinyGPT(args).double()
     model.load_state_dict(state)
     model = _student(apply_tp, model, mesh["tp"], what="apply_tensor_parallel") or model
+    tied = model.output.weight is model.tok_embeddings.weight
     model = _student(apply_fsdp, model, mesh["dp"], what="apply_fsdp") or model
     meshes = {n: (p.device_mesh.mesh_dim_names if isinstance(p, DTensor) else None)
               for n, p in model.named_parameters()}
@@ -504,7 +505,27 @@ def _dp_tp_rank(rank, world_size, apply_tp, apply_fsdp, local_batch, dp, tp, arg
         opt.step()
         opt.zero_grad()
     return {"losses": losses, "state": {n: _full(p) for n, p in model.named_parameters()}, "meshes": meshes,
-            "records": records, "dp_group": str(dp_group.group_name)}
+            "records": records, "dp_group": str(dp_group.group_name), "tied": tied,
+            "batch": _cpu_batch(batch), "coords": (mesh["dp"].get_local_rank(), mesh["tp"].get_local_rank())}
+
+
+def _cpu_batch(batch) -> dict:
+    return {k: torch.as_tensor(batch[k]).clone() for k in ("tokens", "labels") if isinstance(batch, dict) and k in batch}
+
+
+def _same_data_in_tp_groups(results, ctx: str) -> None:
+    """Ranks that differ only in their TP coordinate must have been given the same rows (local_batch)."""
+    groups = {}
+    for rank, out in enumerate(results):
+        key = out["coords"][:-1]  # every coordinate but TP's (the last)
+        groups.setdefault(key, []).append((rank, out["batch"].get("tokens")))
+    for members in groups.values():
+        (r0, t0), *rest = members
+        for r, t in rest:
+            if t0 is None or t is None or t0.shape != t.shape or not torch.equal(t0, t):
+                raise CheckFailure(f"rank {r} ({ctx}): local_batch gave rank {r} other tokens than rank {r0}, although "
+                                   f"both are one TP group: TP ranks must compute on the same data (slice by the DP "
+                                   f"coordinate, not the global rank; exercise 3)")
 
 
 def check_dp_tp_training(apply_tensor_parallel, apply_fsdp, local_batch, *, dp: int = 2, tp: int = 2,
@@ -529,7 +550,11 @@ def check_dp_tp_training(apply_tensor_parallel, apply_fsdp, local_batch, *, dp: 
     ctx = f"DP {dp} x TP {tp} (SP), {steps} AdamW steps, global batch [{batch}, {seq}]"
     findings = Findings()
     units = args.n_layers + 1
+    _same_data_in_tp_groups(results, ctx)
     for rank, out in enumerate(results):
+        if not out["tied"]:
+            raise CheckFailure(f"rank {rank} ({ctx}): after apply_tensor_parallel the head is not tied to the embedding "
+                               f"any more (parallelize_module replaced both parameters): tie them again before FSDP")
         for name, names in out["meshes"].items():
             if names is None or set(names) != {"dp", "tp"}:
                 raise CheckFailure(f"rank {rank} ({ctx}): parameter {name} lives on mesh dimensions {names}, expected "
@@ -546,7 +571,7 @@ def check_dp_tp_training(apply_tensor_parallel, apply_fsdp, local_batch, *, dp: 
                     f"{format_trace([r for r in out['records'] if r.group_name == out['dp_group']], rank)}")
         with findings.numbers():
             for step, (got, want) in enumerate(zip(out["losses"], ref_losses)):
-                _close(torch.tensor(got), torch.tensor(want), name=f"{ctx}: loss of step {step + 1} (mean over DP)",
+                _close(torch.tensor(got, dtype=torch.float64), torch.tensor(want, dtype=torch.float64), name=f"{ctx}: loss of step {step + 1} (mean over DP)",
                        rank=rank)
             for name, want in ref_state.items():
                 if name == "output.weight":
@@ -838,7 +863,9 @@ def _pp_rank(rank, world_size, fns, pp, dp, tp, args, state, tokens, labels, mic
         losses.append(_student(fns["pipeline_train_step"], schedule, batch, stage_module=stage, optimizer=opt,
                                pp_group=pp_group, dp_group=mesh["dp"].get_group(), embedding_group=embedding_group,
                                max_norm=max_norm, what="pipeline_train_step"))
-    return {"losses": losses, "state": {n: _full(p) for n, p in stage.named_parameters()}, "stage": pp_group.rank()}
+    return {"losses": losses, "state": {n: _full(p) for n, p in stage.named_parameters()}, "stage": pp_group.rank(),
+            "batch": _cpu_batch(batch),
+            "coords": (mesh["pp"].get_local_rank(), mesh["dp"].get_local_rank(), mesh["tp"].get_local_rank())}
 
 
 PIPELINE_FUNCTIONS = ("split_model_for_pipeline", "apply_tensor_parallel", "apply_fsdp", "build_schedule",
@@ -870,6 +897,7 @@ def check_pipeline_training(functions: dict, *, pp: int = 2, dp: int = 2, tp: in
                                     max_norm))
     ctx = f"PP {pp} x DP {dp} x TP {tp}, {microbatches} micro-batches, {steps} steps, clipped at {max_norm:g}"
     findings = Findings()
+    _same_data_in_tp_groups(results, ctx)
     for rank, out in enumerate(results):
         last = out["stage"] == pp - 1
         with findings.numbers():
@@ -882,7 +910,7 @@ def check_pipeline_training(functions: dict, *, pp: int = 2, dp: int = 2, tp: in
                 if not isinstance(got, (int, float)):
                     raise CheckFailure(f"rank {rank} ({ctx}): pipeline_train_step returned {type(got).__name__} on the "
                                        f"last stage; expected the loss of the global batch as a float")
-                _close(torch.tensor(float(got)), torch.tensor(want), name=f"{ctx}: logged loss of step {step + 1}",
+                _close(torch.tensor(float(got), dtype=torch.float64), torch.tensor(want, dtype=torch.float64), name=f"{ctx}: logged loss of step {step + 1}",
                        rank=rank)
             if not out["state"]:
                 raise CheckFailure(f"rank {rank} ({ctx}): stage {out['stage']} has no parameters")
