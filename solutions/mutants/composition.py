@@ -144,8 +144,9 @@ MUTANTS = [
     mutant(
         "memory_every_microbatch_in_flight", "planner_memory",
         [("in_flight = min(layout.pp - s, m)", "in_flight = m")],
-        must_fail={"test_memory_per_gpu"},
-        why="every micro-batch kept in flight (GPipe's memory), not 1F1B's min(pp - stage, m)",
+        must_fail={"test_memory_per_gpu", "test_plan_published"},
+        why="every micro-batch kept in flight (GPipe's memory), not 1F1B's min(pp - stage, m): a published "
+            "layout no longer fits",
     ),
     mutant(
         "time_bubble_over_pp", "planner_time",
