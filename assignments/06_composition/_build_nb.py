@@ -544,7 +544,7 @@ def build() -> NotebookBuilder:
     pipeline_functions = {name: globals()[name] for name in PIPELINE_FUNCTIONS}
     check_pipeline_training(pipeline_functions, pp=2, dp=2, tp=2)
     """, hidden="""
-    check_pipeline_training(pipeline_functions, pp=2, dp=1, tp=2, microbatches=4, batch=4, seq=4, steps=2,
+    check_pipeline_training(pipeline_functions, pp=2, dp=1, tp=1, microbatches=4, batch=4, seq=4, steps=2,
                             max_norm=0.5, seed=7, args=ModelArgs(vocab_size=12, dim=8, n_heads=2, ffn_dim=8, n_layers=4))
     """)
 
