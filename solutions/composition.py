@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
 __all__ = ["DIMENSIONS", "rank_layout", "build_process_groups", "build_device_mesh", "local_batch"]
 
@@ -185,8 +186,6 @@ def build_device_mesh(*, tp: int = 1, cp: int = 1, pp: int = 1, dp: int = 1, ord
     not a permutation of tp, cp, pp, dp, or sizes whose product is not the world size.
     """
     ### BEGIN SOLUTION
-    from torch.distributed.device_mesh import init_device_mesh
-
     sizes = {"tp": tp, "cp": cp, "pp": pp, "dp": dp}
     tokens = order.lower().split("-") if isinstance(order, str) else None
     if tokens is None or sorted(tokens) != sorted(sizes):

@@ -138,8 +138,8 @@ def step_time(model: ModelConfig, cluster: Cluster, layout: Layout, training: Tr
 
     tp = 0.0
     if layout.tp > 1:
-        vol = tp_layer_bytes(s // layout.cp, b, model.hidden, layout.tp, bytes_per_element=act,
-                             sequence_parallel=True, regather=True)
+        vol = tp_layer_bytes(s // layout.cp, b, model.hidden, layout.tp, bytes_per_element=act, regather=True,
+                             sequence_parallel=True)  # SP whenever tp > 1
         one = vol["forward"] / 4  # every all-gather and reduce-scatter moves the same bytes
         count = 4 + 6 + (4 if full else 0)
         tp = m * layers * count * ring_collective_seconds(one, layout.tp, link("tp"))
@@ -243,9 +243,9 @@ def best_layouts(model: ModelConfig, cluster: Cluster, training: Training, *, ze
                     for rc in recompute:
                         layout = Layout(tp=tp, cp=cp, pp=pp, dp=rest // pp, zero=zero, recompute=rc,
                                         micro_batch=micro_batch)
-                        p = plan(model, cluster, layout, training)
-                        if p.feasible:
-                            found.append(p)
+                        candidate = plan(model, cluster, layout, training)
+                        if candidate.feasible:
+                            found.append(candidate)
     found.sort(key=lambda p: (p.time["total"], p.memory["total"]))
     return found[:top]
     ### END SOLUTION
