@@ -253,3 +253,58 @@ def _batch_errors(rank, world_size):
 def test_local_batch_rejects_a_sequence_that_does_not_split_in_2cp_chunks():
     for messages in run_distributed(_batch_errors, 2):
         assert messages and "(6)" in messages[0] and "4" in messages[0], messages
+
+
+# ---------------------------------------------------------------------------
+# Opt-in: against Megatron-LM's own RankGenerator (needs a Megatron-LM checkout)
+# ---------------------------------------------------------------------------
+
+def _megatron_rank_generator():
+    """Megatron's `RankGenerator` and its helper, cut from megatron/core/parallel_state.py without importing
+    Megatron (the module imports CUDA-only code); None when MEGATRON_LM does not point at a checkout."""
+    import ast
+
+    root = os.environ.get("MEGATRON_LM", "")
+    path = os.path.join(root, "megatron", "core", "parallel_state.py")
+    if not root or not os.path.exists(path):
+        return None
+    text = open(path, encoding="utf-8").read()
+    keep = [n for n in ast.parse(text).body
+            if isinstance(n, (ast.FunctionDef, ast.ClassDef))
+            and n.name in ("generate_masked_orthogonal_rank_groups", "RankGenerator")]
+    namespace = {"List": list}
+    exec("\n\n".join(ast.get_source_segment(text, n) for n in keep), namespace)
+    return namespace["RankGenerator"]
+
+
+@pytest.mark.skipif(_megatron_rank_generator() is None,
+                    reason="set MEGATRON_LM to a Megatron-LM checkout to compare with its RankGenerator "
+                           "(run at d98e8a6 when this course was written: 139,482 configurations)")
+def test_rank_layout_equals_megatrons_rank_generator():
+    RankGenerator = _megatron_rank_generator()
+    compared = 0
+    for world, sizes in _configs(16):
+        tp, cp, pp, ep, order = sizes["tp"], sizes["cp"], sizes["pp"], sizes["ep"], sizes["order"]
+        etp = tp if sizes["etp"] is None else sizes["etp"]
+        dp, edp = world // (tp * cp * pp), world // (etp * ep * pp)
+        try:
+            dense = RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=cp, order=order)
+            expert = RankGenerator(tp=etp, ep=ep, dp=edp, pp=pp, cp=1, order=order)
+        except RuntimeError:  # an order that leaves out a dimension of size > 1
+            with pytest.raises(ValueError):
+                rank_layout(world, **sizes)
+            continue
+        accepted = ((order.endswith("pp") or pp == 1 or edp == dp)
+                    and dense.get_ranks("pp") == expert.get_ranks("pp"))
+        if not accepted and (ep > 1 or etp != tp):
+            with pytest.raises(ValueError):
+                rank_layout(world, **sizes)
+            continue
+        got = rank_layout(world, **sizes)
+        for key, token in (("tp", "tp"), ("cp", "cp"), ("pp", "pp"), ("dp", "dp"), ("dp_cp", "dp-cp"),
+                           ("tp_pp", "tp-pp")):
+            assert got[key] == dense.get_ranks(token), (world, sizes, key)
+        for key, token in (("ep", "ep"), ("etp", "tp"), ("edp", "dp")):
+            assert got[key] == expert.get_ranks(token), (world, sizes, key)
+        compared += 1
+    assert compared > 1000
