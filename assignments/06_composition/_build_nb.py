@@ -85,8 +85,8 @@ def build() -> NotebookBuilder:
     9. the pipeline: `split_model_for_pipeline`, `build_schedule`, `pipeline_train_step`; PP 2 × DP 2 × TP 2 trained;
     10-12. the planner: `memory_per_gpu`, `step_time`, `plan`, `best_layouts`.
 
-    Read first: the course overview [../../assignments/README.md](../../assignments/README.md) and this
-    lesson's [README.md]({LESSON}/README.md). Deep dives:
+    Read first: this lesson's [README.md]({LESSON}/README.md), and [the course overview](../../assignments/README.md)
+    (the five dimensions side by side, and how they compose). Deep dives:
     [01_rank_layout.md]({LESSON}/01_rank_layout.md) (exercises 1-3),
     [02_tp_and_fsdp.md]({LESSON}/02_tp_and_fsdp.md) (exercises 4-5),
     [03_glue.md]({LESSON}/03_glue.md) (exercises 6-8),
