@@ -23,7 +23,6 @@ import sys
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
