@@ -68,3 +68,43 @@ def test_ring_attention_bytes_follow_the_spec_counts():
     assert ring_attention_bytes_per_layer(s, b, kv, 1)["total"] == 0
     with pytest.raises(ValueError, match="15"):
         ring_attention_bytes_per_layer(15, b, kv, 4)
+
+
+def _tp_plan_program(rank, world_size, batch, seq):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import loss_parallel
+    import torch.nn.functional as F
+
+    mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("tp",))
+    model = TinyGPT(ModelArgs()).double()
+    model.load_state_dict(master_state(ModelArgs()))
+    T.apply_tensor_parallel(model, mesh["tp"])
+    tokens = torch.randint(0, 16, (batch, seq), generator=torch.Generator().manual_seed(0))
+    with CommLedger() as ledger:
+        with loss_parallel():
+            F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()).backward()
+    return ledger.records
+
+
+def test_the_tp_plan_communicates_what_the_lesson_says():
+    """02_tp_and_fsdp.md section 2: per block, forward 2 all-gathers + 2 reduce-scatters of [b, s, h]; the
+    embedding's output is reduce-scattered and the head's input all-gathered once more; backward mirrors
+    forward (PyTorch keeps the gathered input for the weight gradient: tp_pair_bytes(regather=False))."""
+    from autograder.volume import bytes_sent, tp_layer_bytes
+
+    batch, seq, t = 2, 8, 2
+    args = ModelArgs()
+    full = batch * seq * args.dim
+    for records in run_distributed(_tp_plan_program, t, args=(batch, seq)):
+        def count(op, phase):
+            return len([r for r in records if r.op == op and r.phase == phase and r.shape and
+                        torch.Size(r.shape).numel() == full])
+        layers = args.n_layers
+        assert count("all_gather", "forward") == 2 * layers + 1      # + the head's input
+        assert count("reduce_scatter", "forward") == 2 * layers + 1  # + the embedding's output
+        assert count("reduce_scatter", "backward") == 2 * layers + 1
+        assert count("all_gather", "backward") == 2 * layers + 1
+        per_layer = tp_layer_bytes(seq, batch, args.dim, t, bytes_per_element=8, sequence_parallel=True,
+                                   regather=False)
+        activation = [r for r in records if r.shape and torch.Size(r.shape).numel() == full]
+        assert bytes_sent(activation, phase="forward") == pytest.approx(layers * per_layer["forward"] + full * 8)
