@@ -38,7 +38,7 @@ def _grid_groups(world, sizes, tokens, selected):
     return grid.permute(outer + inner).reshape(-1, math.prod(sizes[t] for t in selected)).tolist()
 
 def _expected_layout(world, tp=1, cp=1, pp=1, ep=1, etp=None, order="tp-cp-ep-dp-pp"):
-    etp = tp if etp is None else etp
+    etp = etp or tp
     tokens = order.split("-") + [t for t in ("tp", "cp", "ep", "dp", "pp") if t not in order.split("-")]
     dense = {"tp": tp, "cp": cp, "ep": 1, "dp": world // (tp * cp * pp), "pp": pp}
     expert = {"tp": etp, "cp": 1, "ep": ep, "dp": world // (etp * ep * pp), "pp": pp}
@@ -248,7 +248,7 @@ def build() -> NotebookBuilder:
         ((16,), dict(tp=2, pp=2, ep=4, etp=1, order="tp-cp-ep-pp-dp"), ("pp",)),  # not pp-last, dp 4 != edp 2
     ])
     """, hidden="""
-    check_rank_layout_errors(rank_layout, [
+    check_rank_layout_errors(rank_layout, cases=[
         ((12,), dict(pp=5), ("12", "5")), ((8,), dict(tp=2, ep=3), ("3",)), ((8,), dict(tp=2, order="tp-xp-dp"), ("xp",)),
         ((8,), dict(tp=2, order="tp-tp-dp"), ("tp",)), ((0,), dict(), ("0",)), ((8,), dict(tp=0), ("0",)),
         ((8,), dict(tp=2, etp=3), ("3",)), ((8,), dict(tp=2, pp=2, ep=2, order="tp-ep-pp-dp"), ()),
