@@ -19,6 +19,7 @@ dimension has stride = the product of the sizes inside it.
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass, field
 
 from autograder.hardware import H100_NODE, Node
@@ -266,7 +267,8 @@ def plot_plans(plans, *, hbm_bytes: float = H100_NODE.hbm_bytes, title: str = ""
             ax_t.barh(i, hidden, left=left, color="white", edgecolor="#55A868", hatch="//",
                       label="overlapped (hidden)" if not drawn_hidden else None)
             drawn_hidden = True
-        labels.append(p.layout.name + ("" if p.feasible else "\n  not feasible: " + p.reasons[0][:60]))
+        why = "" if p.feasible else "\n" + textwrap.shorten("not feasible: " + p.reasons[0], width=58, placeholder=" ...")
+        labels.append(p.layout.name + why)
     ax_m.axvline(hbm_bytes / GB, color="black", linestyle="--", label=f"GPU memory ({hbm_bytes / GB:g} GB)")
     ax_m.set_yticks(range(len(plans)), labels, fontsize=8)
     ax_m.invert_yaxis()
