@@ -33,8 +33,18 @@ c.Execute.interrupt_on_timeout = True
 c.IgnorePattern.enabled = True
 c.IgnorePattern.pattern = r"[\s\S]*"
 
-# Student output can be huge (a debug print in a loop); keep notebooks small.
+# Student output can be huge (a debug print in a loop, one 50 MB line); keep notebooks small.
 c.LimitOutput.max_lines = 200
+# nbgrader's autograde steps (nbgrader/converters/autograde.py), with a character cap next to LimitOutput.
+from nbconvert.preprocessors import ClearMetadataPreprocessor  # noqa: E402
+from nbgrader.preprocessors import (  # noqa: E402
+    AssignLatePenalties, CheckCellMetadata, Execute, IgnorePattern, LimitOutput, SaveAutoGrades,
+)
+
+from autograder.nbgrader_plugins import LimitOutputChars  # noqa: E402
+
+c.Autograde.autograde_preprocessors = [Execute, IgnorePattern, ClearMetadataPreprocessor, LimitOutputChars,
+                                       LimitOutput, SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]
 
 # Feedback shows each failure's message but no hidden test: hidden regions are
 # removed from the test cells, and tracebacks (whose frames quote the cell's
@@ -45,3 +55,9 @@ from nbgrader.preprocessors import ClearHiddenTests, GetGrades  # noqa: E402
 from autograder.nbgrader_plugins import HideTestTracebacks  # noqa: E402
 
 c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, HideTestTracebacks, CSSHTMLHeaderPreprocessor]
+
+# An LMS download: `nbgrader zip_collect ASSIGNMENT` collects a Canvas "Download Submissions" zip put in
+# downloaded/ASSIGNMENT/archive/ into submitted/<login>/ASSIGNMENT/. Canvas names each file
+# <login>_[LATE_]<user id>_<submission id>_<the student's file name> (README, "For instructors").
+c.ZipCollectApp.collector_plugin = "nbgrader.plugins.zipcollect.FileNameCollectorPlugin"
+c.FileNameCollectorPlugin.named_regexp = r".*/(?P<student_id>[a-z0-9]+)_(?:LATE_)?\d+_\d+_(?P<file_id>[^/]+)$"

@@ -25,6 +25,7 @@ so the runner's deadlock detection still sees an idle rank.
 
 from __future__ import annotations
 
+import os
 import pickle
 import sys
 import time
@@ -34,7 +35,7 @@ import torch._dynamo  # noqa: F401 - entering a dispatch mode imports it (~3 s):
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["CollectiveAgreement", "CollectiveMismatch", "call_site", "DONE_KEY"]
+__all__ = ["CollectiveAgreement", "CollectiveMismatch", "NonContiguousTensor", "call_site", "DONE_KEY"]
 
 # dispatcher op -> course name; the ones whose input shape must agree across the group
 _OPS = {
@@ -75,6 +76,39 @@ DONE_KEY = "__rank_done/{rank}"  # the key autograder.dist writes when a rank pr
 
 class CollectiveMismatch(RuntimeError):
     """Ranks of one group called different collectives (or one rank stopped calling them)."""
+
+
+class NonContiguousTensor(ValueError):
+    """The student's code gave a collective a non-contiguous tensor (gloo copies it; NCCL refuses it)."""
+
+
+def _direct_student_caller():
+    """The student's frame that called the collective directly, or None (a library, or a check, called it).
+
+    Walking outwards from the dispatch, torch's frames and the course's own
+    (dispatch modes such as the ledger or a check's guard) are passed over;
+    the first other frame decides.
+    """
+    from autograder.report import is_student_file
+
+    torch_dir = os.path.dirname(torch.__file__) + os.sep
+    course_dir = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame = sys._getframe(1)
+    while frame is not None:
+        f = frame.f_code.co_filename
+        if f.startswith(torch_dir) or f.startswith(course_dir):
+            frame = frame.f_back
+            continue
+        return frame if is_student_file(f) else None
+    return None
+
+
+def _tensors(value):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors(v)
 
 
 def call_site(skip_files=()) -> str:
@@ -143,8 +177,28 @@ class CollectiveAgreement(TorchDispatchMode):
         kwargs = kwargs or {}
         op = _OPS.get((func.namespace, func._schema.name.split("::")[-1]))
         if op is not None:
+            self._contiguous(op, args, kwargs)
             self._agree(op, func, args, kwargs)
         return func(*args, **kwargs)
+
+    def _contiguous(self, op, args, kwargs) -> None:
+        """A collective called by the student's code gets contiguous tensors (NCCL requires it; gloo hides it)."""
+        bad = [t for t in _tensors(list(args) + list(kwargs.values())) if not t.is_contiguous()]
+        if not bad:
+            return
+        frame = _direct_student_caller()
+        if frame is None:
+            return
+        from autograder.report import describe_location
+
+        code = frame.f_code
+        where = describe_location(code.co_filename, frame.f_lineno, getattr(code, "co_qualname", code.co_name))
+        t = bad[0]
+        raise NonContiguousTensor(
+            f"{op} was given a non-contiguous tensor (shape {list(t.shape)}, strides "
+            f"{tuple(t.stride())}), called at {where}. gloo copies it quietly, NCCL refuses it "
+            f"(\"Tensors must be contiguous\") and an in-place result may not land in your view: pass "
+            f"`.contiguous()` (and copy the result back if you need it in the view).")
 
     def finish(self) -> None:
         """The rank program returned: tell the others how many collectives it made on each group."""

@@ -36,7 +36,18 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
-__all__ = ["run_distributed", "DistributedError", "RankFailure", "default_start_method", "rank_device"]
+__all__ = ["run_distributed", "DistributedError", "RankFailure", "default_start_method", "rank_device",
+           "set_executor"]
+
+# Where run_distributed runs its ranks: here (None), or, for the trusted grader, in a
+# submission's sandboxed process (autograder.trusted.ZygoteClient).
+_EXECUTOR = None
+
+
+def set_executor(executor) -> None:
+    """Route every run_distributed call to `executor.run(fn, world_size, kwargs)` (None: run here)."""
+    global _EXECUTOR
+    _EXECUTOR = executor
 
 # How long the survivors get to report their own error after the first rank fails.
 _GRACE_AFTER_FAILURE_S = 1.5
@@ -234,6 +245,10 @@ def _rank_main(payload, rank: int, world_size: int, workdir: str, backend: str, 
     sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", buffering=0), write_through=True)
     sys.stderr = io.TextIOWrapper(os.fdopen(2, "wb", buffering=0), write_through=True)
     _set_parent_death_signal()
+    try:  # a process group of its own: whatever the rank starts is killed with it (autograder.dist._RankProcess)
+        os.setpgid(0, 0)
+    except OSError:
+        pass
     stack_file = open(os.path.join(workdir, f"rank{rank}.stack"), "w")
     faulthandler.enable(file=stack_file, all_threads=True)  # segfaults: write the stack
     if hasattr(faulthandler, "register"):
@@ -471,6 +486,11 @@ class _RankProcess:
         return self._popen.poll()
 
     def kill(self):
+        """Kill the rank and every process it started (its process group), finished or not."""
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError, OSError):
+            pass
         try:
             if self._proc is not None:
                 if self._proc.is_alive():
@@ -514,6 +534,16 @@ def run_distributed(fn, world_size: int, *, args: tuple = (), timeout: float = 2
     if not callable(fn):
         raise TypeError(f"run_distributed: fn must be callable, got {type(fn).__name__}")
 
+    if _EXECUTOR is not None:
+        from autograder.report import note_run
+
+        t0 = time.monotonic()
+        try:
+            return _EXECUTOR.run(fn, world_size, dict(args=tuple(args), timeout=timeout, backend=backend,
+                                                      start_method=start_method, show_output=show_output,
+                                                      check_collectives=check_collectives))
+        finally:
+            note_run(world_size, time.monotonic() - t0)
     if check_collectives:
         import autograder.agreement  # noqa: F401 - its imports are paid once here, not in every forked rank
 
@@ -551,6 +581,18 @@ def run_distributed(fn, world_size: int, *, args: tuple = (), timeout: float = 2
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _running(pid: int) -> bool:
+    """Whether any thread of the process is runnable (state R): computing, or waiting only for a CPU."""
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "R":
+                    return True
+    except (OSError, IndexError):
+        return False
+    return False
+
+
 def _cpu_seconds(pid: int) -> float | None:
     """CPU time (user + system) a process has used so far; None where it cannot be read."""
     try:
@@ -585,7 +627,9 @@ class _IdleWatch:
 
     A rank waiting in a collective, a P2P receive or the runner's final wait
     sleeps in the kernel; a rank that computes, however slowly, uses the CPU.
-    Less than `busy` CPU-seconds per second across all live ranks counts as idle.
+    Less than `busy` CPU-seconds per second across all live ranks counts as
+    idle, and only while no thread of theirs is runnable: on a loaded machine
+    a rank that waits for a CPU is slow, not deadlocked.
     """
 
     def __init__(self, procs, window: float = DEADLOCK_IDLE_S, busy: float = 0.05, sample: float = 0.25):
@@ -606,6 +650,9 @@ class _IdleWatch:
             if t is None:
                 return False  # cannot tell: rely on the timeout
             total += t
+        if any(_running(self.procs[rank].pid) for rank in live):
+            self.history = []  # someone is (or wants to be) computing: start a new window
+            return False
         self.history.append((now, total))
         while len(self.history) > 1 and now - self.history[1][0] >= self.window:
             self.history.pop(0)
@@ -673,9 +720,18 @@ def _supervise(procs: list[_RankProcess], workdir: str, timeout: float, show_out
         results = []
         import torch
 
+        from autograder.trusted import safe_load
+
         for rank in range(world_size):
             with open(os.path.join(workdir, f"rank{rank}.result"), "rb") as f:
-                results.append(torch.load(io.BytesIO(f.read()), weights_only=False))
+                data = f.read()
+            try:  # data only (weights_only): what a rank sends back cannot run code in the caller
+                results.append(safe_load(data))
+            except Exception as exc:  # noqa: BLE001 - an object that is not plain data
+                raise DistributedError(
+                    f"run_distributed: rank {rank} sent back something that is not plain data "
+                    f"({str(exc).splitlines()[0][:300]}). Rank programs return tensors, numbers, strings, "
+                    f"and lists, tuples and dicts of them.", []) from None
         if show_output:
             _print_outputs(workdir, world_size)
         return results

@@ -54,7 +54,7 @@ _C10D = {
     "reduce_scatter_tensor_coalesced_": ("reduce_scatter", "inputs"),
     "reduce_scatter_": ("reduce_scatter", "cat:input_tensors"),  # list API: the concatenated inputs
     "alltoall_base_": ("all_to_all", "input"),
-    "alltoall_": ("all_to_all", "input_tensors"),
+    "alltoall_": ("all_to_all", "cat:input_tensors"),  # list API: the concatenated inputs (assignment 05)
     "broadcast_": ("broadcast", "tensors"),
     "reduce_": ("reduce", "tensors"),
     "gather_": ("gather", "input_tensors"),
@@ -87,7 +87,8 @@ class CommRecord:
 
     `shape` is the full-size tensor of the op: the output of an all-gather, the
     input of a reduce-scatter, the tensor of an all-reduce, broadcast, send or
-    recv, the input of an all-to-all. `bytes` is that tensor's size in bytes.
+    recv, the input of an all-to-all (a list all-to-all: its pieces concatenated,
+    with one split per piece). `bytes` is that tensor's size in bytes.
     `op == "wait"` records a `Work.wait()` (no shape). `seq` orders a rank's
     events, communication and (with trace_compute) computation together.
     """
@@ -263,6 +264,10 @@ class CommLedger(TorchDispatchMode):
                 async_op = bool(by_name[a.name]) if a.name in by_name else bool(a.default_value)
         in_splits = by_name.get("input_split_sizes")
         out_splits = by_name.get("output_split_sizes")
+        if name == "all_to_all" and shape_arg == "cat:input_tensors" and full_shape is not None:
+            # list all-to-all (assignment 05): piece j goes to rank j, piece i of the output came from rank i
+            in_splits = [p.shape[0] if p.dim() else 1 for p in by_name["input_tensors"]]
+            out_splits = [p.shape[0] if p.dim() else 1 for p in by_name.get("output_tensors", ())]
         shape = full_shape or (tuple(tensor.shape) if tensor is not None else ())
         numel = 1
         for d in shape:

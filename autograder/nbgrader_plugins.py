@@ -21,3 +21,30 @@ class HideTestTracebacks(NbGraderPreprocessor):
                 if output.get("output_type") == "error":
                     output["traceback"] = [f"{output.get('ename', 'Error')}: {output.get('evalue', '')}"]
         return cell, resources
+
+
+class LimitOutputChars(NbGraderPreprocessor):
+    """Cap every output's text at `max_chars` characters (nbgrader's LimitOutput counts lines: one 50 MB
+    line would pass it and end up in the notebook and its feedback)."""
+
+    from traitlets import Integer as _Integer
+
+    max_chars = _Integer(20_000, help="characters kept of each output").tag(config=True)
+
+    def _cap(self, text: str) -> str:
+        if len(text) <= self.max_chars:
+            return text
+        return text[: self.max_chars] + f"\n... [{len(text) - self.max_chars} more characters not kept]\n"
+
+    def preprocess_cell(self, cell, resources, cell_index):
+        for output in cell.get("outputs", []):
+            if "text" in output:
+                text = output["text"] if isinstance(output["text"], str) else "".join(output["text"])
+                output["text"] = self._cap(text)
+            for mime, value in list(output.get("data", {}).items()):
+                if mime.startswith("text/") and isinstance(value, (str, list)):
+                    output["data"][mime] = self._cap(value if isinstance(value, str) else "".join(value))
+            if output.get("output_type") == "error":
+                output["evalue"] = self._cap(str(output.get("evalue", "")))
+                output["traceback"] = [self._cap(line) for line in output.get("traceback", [])][:200]
+        return cell, resources

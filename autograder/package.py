@@ -26,7 +26,8 @@ import sys
 import tarfile
 import tempfile
 
-__all__ = ["PACKAGE_DIR", "student_section", "student_commands", "build_student_package"]
+__all__ = ["PACKAGE_DIR", "student_section", "student_commands", "build_student_package",
+           "build_gradescope_package"]
 
 PACKAGE_DIR = "llm-parallelism-course"
 
@@ -84,3 +85,49 @@ def build_student_package(root: str, out_dir: str) -> str:
         with tarfile.open(archive, "w:gz") as tar:
             tar.add(top, arcname=PACKAGE_DIR)
     return archive
+
+
+_SETUP_SH = """#!/usr/bin/env bash
+# Gradescope runs this once when it builds the autograder image (Ubuntu, as root).
+set -euo pipefail
+apt-get update -qq
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv python3-pip bubblewrap >/dev/null
+python3 -m venv /autograder/venv
+# PyTorch's CPU build of the course's release (the default is a multi-GB CUDA build)
+/autograder/venv/bin/pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+/autograder/venv/bin/pip install -q /autograder/source/wheels/*.whl
+"""
+
+_RUN_AUTOGRADER = """#!/usr/bin/env bash
+# Gradescope runs this for every submission: the student's notebook is in /autograder/submission.
+cd /autograder/source
+exec /autograder/venv/bin/python -m autograder.gradescope {assignment} --course /autograder/source \\
+    --submission /autograder/submission --results /autograder/results/results.json
+"""
+
+
+def build_gradescope_package(root: str, assignment: str, out_dir: str) -> str:
+    """dist/gradescope-<assignment>.zip: what Gradescope's "Zip file upload" of an autograder takes.
+
+    setup.sh and run_autograder at the top; the source and release notebooks of
+    the assignment (the hidden tests: instructor-only, never given to
+    students) and the course's wheel. No solutions, no course tests.
+    """
+    import zipfile
+
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"gradescope-{assignment}.zip")
+    with tempfile.TemporaryDirectory() as tmp:
+        wheel = _wheel(root, os.path.join(tmp, "wheels"))
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+            for name, text in (("setup.sh", _SETUP_SH), ("run_autograder", _RUN_AUTOGRADER.format(assignment=assignment))):
+                info = zipfile.ZipInfo(name)
+                info.external_attr = 0o755 << 16
+                z.writestr(info, text)
+            z.write(wheel, os.path.join("wheels", os.path.basename(wheel)))
+            for kind in ("source", "release"):
+                folder = os.path.join(root, kind, assignment)
+                for n in sorted(os.listdir(folder)):
+                    if n.endswith(".ipynb"):
+                        z.write(os.path.join(folder, n), os.path.join(kind, assignment, n))
+    return path

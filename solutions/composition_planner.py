@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from autograder.hardware import ring_collective_seconds, transfer_seconds
 from autograder.planner import Cluster, Layout, ModelConfig, Plan, Training, crosses_nodes, layers_on_stage
-from autograder.volume import pipeline_p2p_bytes, ring_attention_bytes_per_layer, tp_layer_bytes, zero_step_bytes
+from autograder.volume import pp_boundary_bytes, ring_attention_bytes_per_layer, tp_layer_bytes, zero_step_bytes
 
 __all__ = ["stage_params", "memory_per_gpu", "step_time", "plan", "best_layouts"]
 
@@ -108,8 +108,9 @@ def step_time(model: ModelConfig, cluster: Cluster, layout: Layout, training: Tr
       2(cp-1) more recomputed, each transfer_seconds(block, link) with block the bytes of one send;
       times m * L; with overlap only what exceeds the attention compute (compute * attention FLOPs /
       flops_per_token) is exposed, the rest is "cp_overlapped";
-    - pp (never hidden): pipeline_p2p_bytes(seq_len, micro_batch, hidden, m, tp=tp, cp=cp): 2m sends,
-      each transfer_seconds(one send, link);
+    - pp (never hidden): 2m sends (an activation forward and its gradient backward per micro-batch) of
+      pp_boundary_bytes(seq_len / cp, micro_batch, hidden, bytes_per_element=activation_bytes, tp=tp,
+      sequence_parallel=True) bytes, each transfer_seconds(one send, link);
     - dp over d = dp * cp ranks: zero_step_bytes(stage_params(..., 0), d, stage=zero, param_bytes,
       grad_bytes, microbatches=m); "reduce" and "gather" each ring_collective_seconds(bytes, d, link)
       per collective (ZeRO-0: one all-reduce, 0 gathers; 1-2: one each; 3: m reduce-scatters and 2m
@@ -155,8 +156,9 @@ def step_time(model: ModelConfig, cluster: Cluster, layout: Layout, training: Tr
 
     pp = 0.0
     if layout.pp > 1:
-        vol = pipeline_p2p_bytes(s, b, model.hidden, m, tp=layout.tp, cp=layout.cp, bytes_per_element=act)
-        pp = 2 * m * transfer_seconds(vol["forward"] / m, link("pp"))
+        one = pp_boundary_bytes(s // layout.cp, b, model.hidden, bytes_per_element=act, tp=layout.tp,
+                                sequence_parallel=True)
+        pp = 2 * m * transfer_seconds(one, link("pp"))
 
     d = layout.dp * layout.cp
     dp_total = dp = 0.0

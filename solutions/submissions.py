@@ -25,7 +25,7 @@ import nbformat
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-_MARKERS = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*\n", re.M)
+_MARKERS = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*(\n|\Z)", re.M)
 
 
 def notebook_path(kind: str, assignment: str) -> str:

@@ -2,8 +2,8 @@
 
     .venv/bin/python -m pytest -q tests/test_composition_volume.py
 
-- `pipeline_p2p_bytes`: what PyTorch's pipeline actually sends between two stages
-  of the small GPT under TP + SP, measured with the ledger;
+- 03's `pp_step_p2p_bytes` (which the planner's `pp_boundary_bytes` sends are): what PyTorch's
+  pipeline actually sends between two stages of the small GPT under TP + SP, measured with the ledger;
 - `ring_attention_bytes_per_layer`: the per-rank send counts of the course's spec
   for assignment 04 (COURSE_SPEC 4.4: forward 2(w-1), backward 2(w-1) + 2w or 2(w-1)).
 """
@@ -17,7 +17,7 @@ import autograder.checks.composition as checks  # noqa: F401 - DTensor, FSDP, pi
 from autograder.dist import run_distributed
 from autograder.ledger import CommLedger
 from autograder.tinygpt import ModelArgs, TinyGPT, master_state
-from autograder.volume import pipeline_p2p_bytes, ring_attention_bytes_per_layer
+from autograder.volume import pp_step_p2p_bytes, ring_attention_bytes_per_layer
 from solutions import composition_train as T
 
 
@@ -46,15 +46,17 @@ def _pipeline_program(rank, world_size, microbatches, batch, seq):
 
 
 @pytest.mark.parametrize("microbatches", [2, 4])
-def test_pipeline_p2p_bytes_match_the_ledger(microbatches):
+def test_pp_step_p2p_bytes_match_pytorchs_pipeline(microbatches):
     batch, seq, h = 4, 8, ModelArgs().dim
-    expected = pipeline_p2p_bytes(seq, batch // microbatches, h, microbatches, tp=2, bytes_per_element=8)
     for stage, records in run_distributed(_pipeline_program, 4, args=(microbatches, batch, seq)):
+        expected = pp_step_p2p_bytes(seq, batch // microbatches, h, 2, stage, microbatches, bytes_per_element=8, tp=2,
+                                     sequence_parallel=True)
         sent = sum(b for op, b, dtype in records if op == "send" and dtype == "float64")
         received = sum(b for op, b, dtype in records if op == "recv" and dtype == "float64")
-        # stage 0 sends the activations (forward), stage 1 their gradients (backward)
-        assert sent == expected["forward" if stage == 0 else "backward"], (stage, records)
-        assert received == expected["backward" if stage == 0 else "forward"], (stage, records)
+        # stage 0 sends the activations (forward), stage 1 their gradients (backward); each receives the other's
+        assert sent == expected["total"], (stage, records)
+        assert received == pp_step_p2p_bytes(seq, batch // microbatches, h, 2, 1 - stage, microbatches,
+                                             bytes_per_element=8, tp=2, sequence_parallel=True)["total"]
 
 
 def test_ring_attention_bytes_follow_the_spec_counts():

@@ -371,3 +371,55 @@ def test_failures_are_listed_in_the_same_order_every_run():
             run_distributed(_all_stubs, 3)
         orders.add(tuple(f.rank for f in info.value.failures))
     assert orders == {(0, 1, 2)}
+
+
+def _non_contiguous(rank, world_size):
+    x = torch.ones(4, 6).t()  # a transposed view
+    dist.all_reduce(x)
+
+
+def test_a_non_contiguous_tensor_given_to_a_collective_is_named():
+    """gloo would accept it (NCCL would not): the runner says so, with the student's line, on every backend."""
+    with pytest.raises(DistributedError) as info:
+        run_distributed(_non_contiguous, 2, timeout=30)
+    msg = str(info.value)
+    assert "rank 0 raised an exception, and rank(s) 1 the same one" in msg
+    assert "NonContiguousTensor: all_reduce was given a non-contiguous tensor (shape [6, 4], strides (1, 6))" in msg
+    assert "in _non_contiguous" in msg and ".contiguous()" in msg
+
+
+def _leaves_children(rank, world_size, marker):
+    import subprocess
+
+    subprocess.Popen(["sleep", "60"])  # outlives the rank program unless the runner kills it
+    return rank
+
+
+def test_processes_a_rank_started_do_not_outlive_the_call():
+    out = run_distributed(_leaves_children, 2, args=("x",), timeout=30)
+    assert out == [0, 1]
+    time.sleep(0.3)
+    mine = [pid for pid in _descendants(os.getpid()) if _cmd(pid).startswith("sleep 60")]
+    assert not mine, f"processes started by the ranks are still running: {mine}"
+
+
+def _cmd(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _descendants(root: int) -> list[int]:
+    """Every live process whose ancestry reaches `root`, or that was orphaned to init after it (same session)."""
+    sid = os.getsid(root)
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.getsid(int(name)) == sid or _cmd(int(name)).startswith("sleep 60"):
+                    out.append(int(name))
+            except OSError:
+                continue
+    return out

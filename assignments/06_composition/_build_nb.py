@@ -127,7 +127,7 @@ def build() -> NotebookBuilder:
     from autograder.ledger import CommLedger, format_trace
     from autograder.hardware import H100_NODE, ring_collective_seconds, transfer_seconds
     from autograder.tinygpt import ModelArgs, TinyGPT, master_state
-    from autograder.volume import pipeline_p2p_bytes, ring_attention_bytes_per_layer, tp_layer_bytes, zero_step_bytes
+    from autograder.volume import pp_boundary_bytes, ring_attention_bytes_per_layer, tp_layer_bytes, zero_step_bytes
     from autograder.planner import (
         GB, GPT3_175B, LLAMA3_405B, LLAMA3_70B, LLAMA3_8B, Cluster, Layout, ModelConfig, Plan, Training,
         crosses_nodes, layers_on_stage, plot_plans,
@@ -565,7 +565,7 @@ def build() -> NotebookBuilder:
     `crosses_nodes`, and the published shapes `LLAMA3_8B`, `LLAMA3_70B`,
     `LLAMA3_405B`, `GPT3_175B`. The communication volumes are
     `autograder/volume.py`'s (`tp_layer_bytes`, `ring_attention_bytes_per_layer`,
-    `pipeline_p2p_bytes`, `zero_step_bytes`), the times `hardware.py`'s
+    `pp_boundary_bytes` from assignment 03, `zero_step_bytes`), the times `hardware.py`'s
     (`ring_collective_seconds`, `transfer_seconds`). Every formula, its source
     and a worked example: [05_planner.md](../../assignments/06_composition/05_planner.md).
     """)
@@ -657,8 +657,9 @@ def build() -> NotebookBuilder:
       2(cp−1) more recomputed, each `transfer_seconds(one block, link)`; times m · L;
       with `overlap`, only what exceeds the attention compute
       (compute · attention_flops_per_token / flops_per_token) is exposed;
-    - `pp` (never hidden): 2m sends of `pipeline_p2p_bytes(seq_len, micro_batch, hidden, m, tp=tp, cp=cp)["forward"] / m`
-      bytes, each `transfer_seconds(..., link)`;
+    - `pp` (never hidden): 2m sends (per micro-batch an activation forward, its gradient backward) of
+      `pp_boundary_bytes(seq_len / cp, micro_batch, hidden, bytes_per_element=activation_bytes, tp=tp,
+      sequence_parallel=True)` bytes, each `transfer_seconds(..., link)`;
     - `dp` over d = dp · cp ranks: `zero_step_bytes(stage_params(model, layout, 0), d,
       stage=zero, param_bytes=..., grad_bytes=..., microbatches=m)`; its `"reduce"`
       in 1 collective (ZeRO 0-2) or m (ZeRO-3), its `"gather"` in 0 (ZeRO-0), 1 (1-2)

@@ -1,0 +1,234 @@
+"""Grading a real class with the course's command: parallel, incremental, sharded, merged, exported.
+
+    .venv/bin/python -m pytest -q -s tests/test_grading.py
+
+On a scratch course whose assignment 02 is cut to two graded cells
+(tests/grading_course.py), as an instructor runs it:
+- `autograde --jobs 2` gives the same scores, cell by cell, as `--jobs 1`;
+- a second run grades nothing again; a changed notebook is the only one regraded;
+- three shards run as separate processes at once, merged, give the gradebook
+  of a single run; merging again changes nothing;
+- notebooks that cannot be graded get a named reason, and everyone else is graded;
+- Gradescope's results.json per submission: the format, the scores, no hidden test;
+- a Canvas download collected with `nbgrader zip_collect` is graded;
+- a second command waits for nobody: it says who holds the course's lock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import zipfile
+
+import pytest
+
+from grading_course import (A, clear_results, edit, gradebook, make_mini_course, notebook_name, records,
+                            reference, release, run_grade, write_submission)
+
+WRONG = ("return _reduce(grad_output, ctx.group), None", "return grad_output, None")  # f's backward forgotten
+
+# each test grades a class (or runs the whole catalogue in its fixture)
+pytestmark = pytest.mark.timeout(3600)
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory):
+    root = make_mini_course(tmp_path_factory.mktemp("class"))
+    ref = reference(root)
+    write_submission(root, "alice", ref)
+    write_submission(root, "bob", release(root))
+    write_submission(root, "carol", edit(ref, "tp_mappings", lambda s: s.replace(*WRONG)))
+    write_submission(root, "dave", ref, name="tensor_parallel_lab-Copy1.ipynb")
+    return root
+
+
+def _scores(recs: dict) -> dict:
+    return {s: {c["grade_id"]: c["points"] for c in r["cells"]} for s, r in recs.items()}
+
+
+@pytest.fixture(scope="module")
+def sequential(course):
+    proc = run_grade(course, "autograde", A, "--jobs", "1", "--quiet")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = records(course), gradebook(course), proc.stdout
+    clear_results(course)
+    return out
+
+
+def test_parallel_grading_gives_the_sequential_scores_and_regrades_only_changes(course, sequential):
+    seq_records, seq_book, seq_out = sequential
+    assert _scores(seq_records) == {"alice": {"test_copy_to_region": 6.0, "test_reduce_from_region": 6.0},
+                                    "bob": {"test_copy_to_region": 0.0, "test_reduce_from_region": 0.0},
+                                    "carol": {"test_copy_to_region": 0.0, "test_reduce_from_region": 6.0},
+                                    "dave": {"test_copy_to_region": 6.0, "test_reduce_from_region": 6.0}}
+    proc = run_grade(course, "autograde", A, "--jobs", "2", "--quiet")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert _scores(records(course)) == _scores(seq_records)
+    assert gradebook(course) == seq_book
+    assert "4 graded" in proc.stdout
+    assert "graded tensor_parallel_lab-Copy1.ipynb as tensor_parallel_lab.ipynb" in proc.stdout  # a warning, graded
+    for student in ("alice", "bob", "carol", "dave"):
+        html = open(os.path.join(course, "feedback", student, A, "tensor_parallel_lab.html"), encoding="utf-8").read()
+        assert course not in html and "/tmp/" not in html, f"the feedback of {student} shows a path of this machine"
+    # nothing changed: nothing is graded again
+    proc = run_grade(course, "autograde", A, "--jobs", "2", "--quiet")
+    assert proc.returncode == 0 and "4 submission(s), 0 graded" in proc.stdout, proc.stdout[-2000:]
+    # carol fixes her notebook: only hers is graded again
+    write_submission(course, "carol", reference(course))
+    proc = run_grade(course, "autograde", A, "--jobs", "2", "--quiet")
+    assert proc.returncode == 0 and "4 submission(s), 1 graded" in proc.stdout, proc.stdout[-2000:]
+    assert gradebook(course)["carol"] == {"test_copy_to_region": 6.0, "test_reduce_from_region": 6.0}
+    write_submission(course, "carol", edit(reference(course), "tp_mappings", lambda s: s.replace(*WRONG)))
+
+
+def test_three_shards_merged_give_the_single_run_and_merging_twice_changes_nothing(course, sequential):
+    _, seq_book, _ = sequential
+    clear_results(course)
+    shards = [subprocess.Popen([sys.executable, "-m", "autograder.grade", "autograde", A, "--shard", f"{i}/3",
+                                "--jobs", "1", "--quiet"], cwd=course, env=__import__("grading_course").env(course),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in (1, 2, 3)]
+    outs = [p.communicate(timeout=1800)[0] for p in shards]
+    assert all(p.returncode == 0 for p in shards), "\n".join(o[-2000:] for o in outs)
+    files = [os.path.join(course, "graded", A, f"shard-{i}-of-3.json") for i in (1, 2, 3)]
+    assert sorted(r["student"] for f in files for r in json.load(open(f))["records"]) == ["alice", "bob", "carol",
+                                                                                           "dave"]
+    assert gradebook(course) == {}, "a shard must not write the gradebook"
+    proc = run_grade(course, "merge", *files)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert gradebook(course) == seq_book
+    proc = run_grade(course, "merge", *files)
+    assert proc.returncode == 0 and gradebook(course) == seq_book
+
+
+def test_submissions_that_cannot_be_graded_get_a_reason_and_the_others_are_graded(course, tmp_path):
+    bad = {
+        "erin": lambda: [write_submission(course, "erin", reference(course), name="a.ipynb"),
+                         write_submission(course, "erin", release(course), name="b.ipynb")],
+        "frank": lambda: write_submission(course, "frank", '{"cells": [ this is not json'),
+        "grace": lambda: write_submission(course, "grace", json.load(open(
+            os.path.join(course, "release", "01_data_parallel", "data_parallel_lab.ipynb")))),
+        "heidi": lambda: write_submission(course, "heidi", _duplicate_cell(reference(course))),
+        "ivan": lambda: os.makedirs(os.path.join(course, "submitted", "ivan", A), exist_ok=True),
+    }
+    for make in bad.values():
+        make()
+    try:
+        proc = run_grade(course, "autograde", A, "--jobs", "2", "--quiet")
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        recs = records(course)
+        reasons = {s: recs[s]["reason"] for s in bad}
+        assert "2 notebooks (a.ipynb, b.ipynb)" in reasons["erin"]
+        assert "is not a valid notebook" in reasons["frank"]
+        assert "assignment 01_data_parallel's notebook" in reasons["grace"]
+        assert "appear more than once" in reasons["heidi"]
+        assert "no notebook" in reasons["ivan"]
+        for s in bad:
+            assert recs[s]["score"] == 0 and recs[s]["status"] == "rejected"
+            assert f"NOT GRADED: {reasons[s][:40]}" in " ".join(proc.stdout.split())  # the table, wrapped
+        assert recs["alice"]["score"] == 12 and recs["alice"]["status"] == "graded"  # everyone else: graded
+        book = gradebook(course)
+        assert book["frank"] == {"test_copy_to_region": 0.0, "test_reduce_from_region": 0.0}  # in the gradebook too
+    finally:
+        for s in bad:
+            import shutil
+
+            shutil.rmtree(os.path.join(course, "submitted", s))
+            os.remove(os.path.join(course, "graded", A, f"{s}.json"))
+
+
+def _duplicate_cell(nb: dict) -> dict:
+    import copy
+
+    cell = next(c for c in nb["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "tp_mappings")
+    nb = copy.deepcopy(nb)
+    nb["cells"].append(copy.deepcopy(cell))
+    return nb
+
+
+def test_gradescope_results_follow_the_format_and_show_no_hidden_test(course, tmp_path):
+    from course import secret_lines
+
+    import nbformat
+
+    proc = run_grade(course, "autograde", A, "--jobs", "2", "--quiet")
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    out = tmp_path / "gradescope"
+    proc = run_grade(course, "export", A, "--gradescope", str(out), "--csv", str(tmp_path / "grades.csv"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    source = nbformat.read(os.path.join(course, "source", A, notebook_name(course)), as_version=4)
+    hidden = secret_lines(source)[1]
+    assert hidden
+    for student in ("alice", "bob", "carol", "dave"):
+        text = (out / A / student / "results.json").read_text()
+        data = json.loads(text)
+        # Gradescope's autograder results format: a total, and tests with a name, score and max_score
+        assert set(data) >= {"score", "tests"} and isinstance(data["score"], (int, float))
+        for t in data["tests"]:
+            assert isinstance(t["name"], str) and t["name"].startswith("Exercise 1 \u00b7 ")
+            assert isinstance(t["score"], (int, float)) and isinstance(t["max_score"], (int, float))
+            assert t["visibility"] in ("visible", "hidden", "after_due_date", "after_published")
+            assert 0 <= t["score"] <= t["max_score"]
+        assert abs(sum(t["score"] for t in data["tests"]) - data["score"]) < 1e-9
+        assert not [line for line in hidden if line in text], f"hidden test text in {student}'s results.json"
+    assert json.loads((out / A / "alice" / "results.json").read_text())["score"] == 12
+    csv = (tmp_path / "grades.csv").read_text()
+    assert "alice" in csv and "02_tensor_parallel" in csv
+
+
+def test_a_canvas_download_is_collected_with_nbgrader_zip_collect_and_graded(course):
+    """Canvas names each file <login>_<user id>_<submission id>_<the student's file name> (LATE_ after the login)."""
+    archive = os.path.join(course, "downloaded", A, "archive")
+    os.makedirs(archive, exist_ok=True)
+    with zipfile.ZipFile(os.path.join(archive, "submissions.zip"), "w") as z:
+        z.writestr("judy_123_456_tensor_parallel_lab.ipynb", json.dumps(reference(course)))
+        z.writestr("kim_LATE_789_1011_tensor_parallel_lab.ipynb", json.dumps(release(course)))
+    env = __import__("grading_course").env(course)
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "nbgrader"), "zip_collect", A, "--force",
+                           "--log-level=ERROR"], cwd=course, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for student in ("judy", "kim"):
+        assert os.path.exists(os.path.join(course, "submitted", student, A, "tensor_parallel_lab.ipynb")), student
+    proc = run_grade(course, "autograde", A, "--jobs", "2", "--quiet")
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    recs = records(course)
+    assert recs["judy"]["score"] == 12 and recs["kim"]["score"] == 0
+
+
+def test_a_second_grading_command_is_told_who_holds_the_lock(course):
+    from autograder.classrun import course_lock
+
+    with course_lock(course):
+        t0 = time.monotonic()
+        proc = run_grade(course, "autograde", A, "--quiet")
+    assert proc.returncode != 0 and time.monotonic() - t0 < 30
+    assert "another grading command holds the course's lock (pid" in proc.stdout + proc.stderr
+
+
+def test_the_course_runs_as_a_gradescope_autograder(course, tmp_path):
+    """The zip Gradescope takes; its run_autograder's command on an upload; results.json per Gradescope's format."""
+    proc = run_grade(course, "gradescope-package", A, "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with zipfile.ZipFile(tmp_path / f"gradescope-{A}.zip") as z:
+        names = z.namelist()
+        z.extractall(tmp_path / "autograder" / "source")
+        run = z.read("run_autograder").decode()
+    assert {"setup.sh", "run_autograder"} <= set(names)
+    assert any(n.startswith("wheels/") and n.endswith(".whl") for n in names)
+    assert not [n for n in names if n.startswith(("solutions/", "tests/"))]
+    assert f"-m autograder.gradescope {A} --course /autograder/source" in run
+    for student, nb, expected in (("ref", reference(course), 12), ("stub", release(course), 0)):
+        upload = tmp_path / "autograder" / f"submission-{student}"
+        upload.mkdir()
+        (upload / "my_lab.ipynb").write_text(json.dumps(nb))  # Gradescope keeps the student's file name
+        results = tmp_path / f"results-{student}.json"
+        env = dict(__import__("grading_course").env(course), PYTHONPATH="")  # only the installed autograder
+        proc = subprocess.run([sys.executable, "-m", "autograder.gradescope", A, "--course",
+                               str(tmp_path / "autograder" / "source"), "--submission", str(upload), "--results",
+                               str(results)], env=env, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        data = json.loads(results.read_text())
+        assert data["score"] == expected and len(data["tests"]) == 2
+        assert all(t["name"].startswith("Exercise 1 \u00b7 ") for t in data["tests"])
