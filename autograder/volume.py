@@ -576,3 +576,51 @@ def cp_winner_grid(*, hidden: int, kv_hidden: int, seqs, cps, link, node=None, b
             cells.append(f"{r:.3g} / {u:.3g}: **{'ring' if r <= u else 'Ulysses'}**")
         lines.append(f"| {s} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+# ===========================================================================
+# 06_composition (the layout planner): traffic of CP and of ZeRO per step (PP's is 03's
+# pp_boundary_bytes above). Owned by assignment 06 (its planner uses these); checked in
+# tests/test_composition_volume.py and tests/test_composition_planner.py.
+# ===========================================================================
+
+__all__ += ["ring_attention_bytes_per_layer", "zero_step_bytes"]
+
+
+def ring_attention_bytes_per_layer(s: int, b: int, kv_dim: int, cp: int, *, bytes_per_element: int = 2,
+                                   dkv_full_ring: bool = False) -> dict[str, float]:
+    """Bytes one rank sends per layer and micro-batch in ring attention over `cp` ranks (04's lesson).
+
+    A K or a V block is `[b, s/cp, kv_dim]` (`kv_dim` per rank: divide by the TP
+    size first). Forward: K and V each travel cp - 1 hops: 2(cp-1) blocks.
+    Backward: K and V again, 2(cp-1) blocks, plus the dK and dV accumulators:
+    2(cp-1) blocks (TransformerEngine's scheme), or 2cp when they travel a full
+    ring back to their owner (`dkv_full_ring`, the course's and ring-flash-attention's).
+    """
+    if cp > 1 and s % cp:
+        raise ValueError(f"ring_attention_bytes_per_layer: the sequence ({s}) is not divisible by cp ({cp})")
+    return cp_ring_bytes(s, b, kv_dim, cp, bytes_per_element=bytes_per_element,
+                         dkv_sends="ring" if dkv_full_ring else "te")
+
+
+def zero_step_bytes(num_params: float, d: int, *, stage: int, param_bytes: int = 2, grad_bytes: int = 4,
+                    microbatches: int = 1) -> dict[str, float]:
+    """Bytes one rank sends per step for data parallelism over `d` ranks, per ZeRO stage (01's lesson).
+
+    `reduce`: the gradients (`grad_bytes` each); `gather`: the parameters
+    (`param_bytes` each). Stage 0 (DDP): one all-reduce of the gradients,
+    2(d-1)/d P. Stages 1 and 2: a reduce-scatter of the gradients and an
+    all-gather of the updated parameters, (d-1)/d P each. Stage 3 (FSDP):
+    per micro-batch, all-gathers in forward and in backward and a reduce-scatter
+    of the gradients. `dp_step_bytes` is the case param_bytes == grad_bytes.
+    """
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_step_bytes: stage must be 0, 1, 2 or 3, got {stage!r}")
+    half = ring_factor("all_gather", d) * num_params
+    if stage == 0:
+        reduce, gather = ring_factor("all_reduce", d) * num_params * grad_bytes, 0.0
+    elif stage in (1, 2):
+        reduce, gather = half * grad_bytes, half * param_bytes
+    else:
+        reduce, gather = microbatches * half * grad_bytes, microbatches * 2 * half * param_bytes
+    return {"reduce": float(reduce), "gather": float(gather), "total": float(reduce + gather)}

@@ -1,0 +1,158 @@
+"""The layout planner of assignment 06: its vocabulary against published figures, the reference planner's
+rules, and the lesson's worked example recomputed.
+
+    .venv/bin/python -m pytest -q tests/test_composition_planner.py
+
+No ranks: arithmetic only. Published figures are independent of the planner:
+parameter counts of Llama 3 (Meta / Hugging Face model cards) and GPT-3 (Brown
+et al. 2020), the FLOPs of a GPT layer (Narayanan et al. 2021, eq. 3),
+activation memory (Korthikanti et al. 2022, table 2; Megatron-LM's
+`compute_activation_memory`), the node boundaries of an actual rank layout.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from autograder.planner import (
+    GPT3_175B, LLAMA3_405B, LLAMA3_70B, LLAMA3_8B, Cluster, Layout, ModelConfig, Training, crosses_nodes,
+    layers_on_stage,
+)
+from autograder.volume import dp_step_bytes, zero_step_bytes
+from solutions.composition import rank_layout
+from solutions.composition_planner import best_layouts, memory_per_gpu, plan, stage_params, step_time
+
+GB = 1e9
+
+
+# ---------------------------------------------------------------------------
+# The vocabulary against published figures
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("model, published, tolerance", [
+    (LLAMA3_8B, 8.03e9, 0.005e9),      # "8.03B" on the model card
+    (LLAMA3_70B, 70.6e9, 0.05e9),      # "70.6B"
+    (LLAMA3_405B, 405.9e9, 0.1e9),     # "405.9B" (reported as 405B)
+    (GPT3_175B, 175.0e9, 0.5e9),       # Brown et al. 2020, table 2.1 (vocabulary 50257; here padded to 51200)
+])
+def test_parameter_counts_match_the_published_models(model, published, tolerance):
+    assert abs(model.num_params() - published) < tolerance, model.num_params()
+
+
+def test_flops_per_token_is_narayanans_formula_for_a_gpt_layer():
+    """Narayanan et al. 2021, eq. 3 without recomputation: 72 B s l h^2 (1 + s/(6h) + V/(12 l h)) per step."""
+    for model, s in ((GPT3_175B, 2048), (ModelConfig("g", 24, 2048, 8192, 16, 16, 50304, swiglu=False), 1024)):
+        l, h, v = model.n_layers, model.hidden, model.vocab
+        narayanan = 72 * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))
+        # the course counts the norm-free matmuls exactly; Narayanan's 12 h^2 per layer is the same for GeLU, ffn 4h
+        assert model.flops_per_token(s) == pytest.approx(narayanan, rel=1e-12)
+
+
+def test_activation_bytes_are_korthikantis_without_dropout_masks():
+    """GPT layer, flash attention: SP 34 sbh/t with two 1-byte dropout masks (Korthikanti table 2); TP-only
+    sbh (10 + 24/t) of which 2 are dropout masks; Megatron's estimate sbh (18 + 4 ffn/h), ffn = 4h."""
+    h = 4096
+    gpt = ModelConfig("gpt", 1, h, 4 * h, 32, 32, 1000, swiglu=False)
+    for t in (1, 2, 4, 8):
+        dropout_masks = 2 * h / t  # SP shards them too
+        assert gpt.activation_bytes_per_token(tp=t) + dropout_masks == pytest.approx(34 * h / t)
+        assert gpt.activation_bytes_per_token(tp=t, sequence_parallel=False) + 2 * h == pytest.approx(h * (10 + 24 / t))
+        assert gpt.activation_bytes_per_token(tp=t) + dropout_masks == pytest.approx((18 + 4 * gpt.ffn / h) * h / t)
+
+
+def test_crosses_nodes_agrees_with_the_groups_of_an_actual_layout():
+    """For every power-of-two layout of 32 ranks on 8-GPU nodes: the rank-0 rule equals looking at every group."""
+    sizes = [1, 2, 4, 8, 16, 32]
+    for tp, cp, pp in itertools.product(sizes, sizes, sizes):
+        if 32 % (tp * cp * pp):
+            continue
+        layout = Layout(tp=tp, cp=cp, pp=pp, dp=32 // (tp * cp * pp))
+        groups = rank_layout(32, tp=tp, cp=cp, pp=pp, order="tp-cp-pp-dp")
+        for dims, key in ((("tp",), "tp"), (("cp",), "cp"), (("pp",), "pp"), (("cp", "dp"), "dp_cp")):
+            spans = any(len({r // 8 for r in g}) > 1 for g in groups[key])
+            assert crosses_nodes(layout, dims, 8) == spans, (layout, dims)
+
+
+def test_layers_on_stage_sum_to_the_layers_and_the_first_stages_take_the_rest():
+    for n, p in ((126, 16), (80, 4), (4, 3), (7, 7)):
+        counts = [layers_on_stage(n, p, s) for s in range(p)]
+        assert sum(counts) == n and counts == sorted(counts, reverse=True) and max(counts) - min(counts) <= 1
+    with pytest.raises(ValueError):
+        layers_on_stage(4, 2, 2)
+
+
+def test_zero_step_bytes_is_dp_step_bytes_when_both_dtypes_agree():
+    for d in (2, 4, 8):
+        assert zero_step_bytes(1000, d, stage=0, param_bytes=4, grad_bytes=4)["total"] == dp_step_bytes(1000, d, bytes_per_element=4, scheme="ddp")
+        assert zero_step_bytes(1000, d, stage=1, param_bytes=4, grad_bytes=4)["total"] == dp_step_bytes(1000, d, bytes_per_element=4, scheme="zero")
+        assert zero_step_bytes(1000, d, stage=3, param_bytes=4, grad_bytes=4)["total"] == dp_step_bytes(1000, d, bytes_per_element=4, scheme="fsdp")
+
+
+# ---------------------------------------------------------------------------
+# The lesson's worked example (05_planner.md), recomputed
+# ---------------------------------------------------------------------------
+
+LLAMA = Training(seq_len=8192, global_batch=2048)
+BIG = Cluster(16384)
+
+
+def test_lesson_worked_example_memory():
+    assert LLAMA3_405B.layer_params() == 3_187_703_808
+    assert LLAMA3_405B.embedding_params() == 2_101_346_304
+    assert LLAMA3_405B.num_params() == 405_853_388_800
+    layout = Layout(tp=8, pp=16, dp=128)
+    assert stage_params(LLAMA3_405B, layout, 0) == 3_450_372_096
+    assert LLAMA3_405B.activation_bytes_per_token(tp=8) == 65_024
+    m = memory_per_gpu(LLAMA3_405B, layout, LLAMA)
+    assert [round(m[k] / GB, 2) for k in ("params", "grads", "optimizer", "activations")] == [6.90, 13.80, 0.32, 68.18]
+    assert round(m["total"] / GB, 1) == 89.2 and m["stage"] == 0
+    m = memory_per_gpu(LLAMA3_405B, Layout(tp=8, pp=16, dp=128, recompute="full"), LLAMA)
+    assert round(m["activations"] / GB, 2) == 4.83 and round(m["total"] / GB, 1) == 25.9
+
+
+def test_lesson_worked_example_time():
+    t = step_time(LLAMA3_405B, BIG, Layout(tp=8, pp=16, dp=128, recompute="full"), LLAMA)
+    assert [round(t[k], 2) for k in ("compute", "bubble", "tp", "pp", "dp", "total")] == [9.06, 8.49, 0.97, 0.02, 0.0,
+                                                                                          18.55]
+    assert t["dp_overlapped"] == pytest.approx(0.41, abs=0.01)
+    assert round(plan(LLAMA3_405B, BIG, Layout(tp=8, pp=16, dp=128, recompute="full"), LLAMA).mfu, 2) == 0.15
+
+
+def test_dp_alone_fails_on_memory_then_on_the_batch():
+    p = plan(LLAMA3_405B, BIG, Layout(dp=16384, zero=1), LLAMA)
+    assert not p.feasible and p.memory["total"] > 2000 * GB and any("GB" in r for r in p.reasons)
+    p = plan(LLAMA3_405B, BIG, Layout(dp=16384, zero=3, recompute="full"), LLAMA)
+    assert any("global batch" in r for r in p.reasons)
+
+
+# ---------------------------------------------------------------------------
+# Rules of the reference planner
+# ---------------------------------------------------------------------------
+
+def test_each_infeasibility_reason():
+    tr = Training(seq_len=8192, global_batch=512)
+    reasons = plan(LLAMA3_70B, Cluster(64), Layout(tp=16, pp=2, dp=2), tr).reasons
+    assert any("heads" in r for r in reasons)
+    assert any("64 GPUs" in r for r in plan(LLAMA3_70B, Cluster(64), Layout(tp=4, pp=4, dp=2), tr).reasons)
+    assert any("sequence" in r for r in plan(LLAMA3_8B, Cluster(8), Layout(cp=8), Training(8200, 8)).reasons)
+    assert any("layers" in r for r in plan(LLAMA3_8B, Cluster(64), Layout(pp=64), Training(8192, 64)).reasons)
+    assert plan(LLAMA3_70B, Cluster(64), Layout(tp=4, pp=4, cp=2, dp=2), tr).feasible
+
+
+def test_overlap_only_hides_dp_and_cp():
+    lay = Layout(tp=8, cp=2, pp=8, dp=8, recompute="full")
+    on = step_time(LLAMA3_405B, Cluster(1024), lay, Training(8192, 512))
+    off = step_time(LLAMA3_405B, Cluster(1024), lay, Training(8192, 512, overlap=False))
+    assert off["dp"] == pytest.approx(on["dp"] + on["dp_overlapped"])
+    assert off["cp"] == pytest.approx(on["cp"] + on["cp_overlapped"])
+    assert off["tp"] == on["tp"] and off["pp"] == on["pp"] and off["total"] > on["total"]
+
+
+def test_best_layouts_are_feasible_sorted_and_include_what_meta_ran_among_feasible():
+    best = best_layouts(LLAMA3_70B, Cluster(64), Training(8192, 512), top=4)
+    assert len(best) == 4 and all(p.feasible for p in best)
+    times = [p.time["total"] for p in best]
+    assert times == sorted(times)
+    assert plan(LLAMA3_405B, BIG, Layout(tp=8, pp=16, dp=128, recompute="full"), LLAMA).feasible
