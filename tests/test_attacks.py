@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from grading_course import (A, edit, gradebook, make_mini_course, notebook_name, records, reference, release,
-                            run_grade, write_submission)
+from grading_course import (A, edit, gradebook, make_mini_course, needs_sandbox, notebook_name, records,
+                            reference, release, run_grade, write_submission)
 
 TOKEN = uuid.uuid4().hex[:8]
 CGROUPS = os.access("/sys/fs/cgroup/pids", os.W_OK) or os.path.exists("/sys/fs/cgroup/cgroup.controllers")
@@ -38,7 +38,7 @@ CELL = "tp_mappings"  # the answer cell the attacks are written into
 ROOT_EXPR = "__import__('os').path.dirname(__import__('os').path.dirname(__import__('autograder').__file__))"
 
 # each test grades a class (or runs the whole catalogue in its fixture)
-pytestmark = pytest.mark.timeout(3600)
+pytestmark = [pytest.mark.timeout(3600), needs_sandbox]
 
 
 @dataclass

@@ -25,13 +25,13 @@ import zipfile
 
 import pytest
 
-from grading_course import (A, clear_results, edit, gradebook, make_mini_course, notebook_name, records,
-                            reference, release, run_grade, write_submission)
+from grading_course import (A, clear_results, edit, gradebook, make_mini_course, needs_sandbox, notebook_name,
+                            records, reference, release, run_grade, write_submission)
 
 WRONG = ("return _reduce(grad_output, ctx.group), None", "return grad_output, None")  # f's backward forgotten
 
 # each test grades a class (or runs the whole catalogue in its fixture)
-pytestmark = pytest.mark.timeout(3600)
+pytestmark = [pytest.mark.timeout(3600), needs_sandbox]
 
 
 @pytest.fixture(scope="module")

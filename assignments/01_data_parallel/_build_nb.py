@@ -45,7 +45,8 @@ def build() -> NotebookBuilder:
     5. `fully_shard` / `gather_full_params`: FSDP (ZeRO-3) for any module, parameters gathered just in time,
        with mixed precision as FSDP2's `MixedPrecisionPolicy`.
 
-    Read first: the lesson [README.md]({LESSON}/README.md). Deep dives:
+    Read first: the lesson [README.md]({LESSON}/README.md) ([the course overview](../../assignments/README.md)
+    puts it beside the other dimensions). Deep dives:
     [01_gradient_bucketing.md]({LESSON}/01_gradient_bucketing.md) (exercise 2),
     [02_zero.md]({LESSON}/02_zero.md) (exercise 4),
     [03_fsdp.md]({LESSON}/03_fsdp.md) (exercise 5).

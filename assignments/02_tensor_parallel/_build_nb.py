@@ -61,7 +61,8 @@ def build() -> NotebookBuilder:
     5. `vocab_parallel_cross_entropy`: the loss without ever gathering the logits;
     6. `LinearWithAsyncAllReduce`: the column layer's backward, its all-reduce overlapped with the weight gradient.
 
-    Read first: the lesson [README.md]({LESSON}/README.md). Deep dives:
+    Read first: the lesson [README.md]({LESSON}/README.md) ([the course overview](../../assignments/README.md)
+    puts it beside the other dimensions). Deep dives:
     [01_mappings.md]({LESSON}/01_mappings.md) (exercises 1-2),
     [02_column_row_mlp.md]({LESSON}/02_column_row_mlp.md) (exercises 3-4),
     [03_sequence_parallel.md]({LESSON}/03_sequence_parallel.md) (SP in exercises 2-4),

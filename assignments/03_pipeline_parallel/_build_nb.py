@@ -44,7 +44,8 @@ def build() -> NotebookBuilder:
        and keeps only the activations its schedule needs;
     5. the interleaved 1F1B schedule (virtual pipeline stages), run by the same executor.
 
-    Read first: the lesson [README.md]({LESSON}/README.md). Deep dives:
+    Read first: the lesson [README.md]({LESSON}/README.md) ([the course overview](../../assignments/README.md)
+    puts it beside the other dimensions). Deep dives:
     [01_schedules_as_data.md]({LESSON}/01_schedules_as_data.md) (exercises 2-3),
     [02_p2p_without_deadlock.md]({LESSON}/02_p2p_without_deadlock.md) (exercises 1 and 4),
     [03_memory.md]({LESSON}/03_memory.md) (exercise 4's memory test),

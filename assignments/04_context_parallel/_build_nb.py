@@ -43,7 +43,8 @@ def build() -> NotebookBuilder:
     5. the zigzag layout: `zigzag_split` and causal ring attention with equal work per rank;
     6. Ulysses: `seq_all_to_all` and `ulysses_attention`, CP by all-to-all over heads.
 
-    Read first: the lesson [README.md]({LESSON}/README.md). Deep dives:
+    Read first: the lesson [README.md]({LESSON}/README.md) ([the course overview](../../assignments/README.md)
+    puts it beside the other dimensions). Deep dives:
     [01_online_softmax.md]({LESSON}/01_online_softmax.md) (exercises 1-2),
     [02_ring_attention.md]({LESSON}/02_ring_attention.md) (exercises 3-4),
     [03_zigzag.md]({LESSON}/03_zigzag.md) (exercise 5),

@@ -44,7 +44,8 @@ def build() -> NotebookBuilder:
     5. `apply_router_token_dropping`: a capacity factor, dropping the lowest-probability tokens;
     6. `MoELayer`: router -> dispatch -> experts -> combine, checked against a dense single-process MoE.
 
-    Read first: the lesson [README.md]({LESSON}/README.md). Deep dives:
+    Read first: the lesson [README.md]({LESSON}/README.md) ([the course overview](../../assignments/README.md)
+    puts it beside the other dimensions). Deep dives:
     [01_routing.md]({LESSON}/01_routing.md) (exercises 1, 5),
     [02_dispatcher.md]({LESSON}/02_dispatcher.md) (exercises 2-4, 6),
     [03_overlap.md]({LESSON}/03_overlap.md) (why production code launches these all-to-alls asynchronously).
