@@ -246,13 +246,14 @@ class CollectiveAgreement(TorchDispatchMode):
     def _wait_for(self, key: str, peer: int):
         """(fingerprint, None) once the peer published it, or (None, its counts) if it finished first.
 
-        Peers usually arrive within a millisecond of each other, so the store is
-        looked at often at first, then every 20 ms (about 0.1 % of a CPU: a rank
-        waiting here still looks idle to the runner's deadlock detection).
+        Peers usually arrive within milliseconds of each other, so the store is
+        looked at often at first, then less and less often, up to every 20 ms
+        (about 0.1 % of a CPU: a rank waiting here still looks idle to the
+        runner's deadlock detection). The pause grows by a third each time, so
+        a peer is seen at most a third of its delay late.
         """
         done_key = DONE_KEY.format(rank=peer)
-        pauses = (0.0001,) * 20 + (0.001,) * 10
-        i = 0
+        pause = 0.0001
         while True:
             if self.store.check([key]):
                 return pickle.loads(self.store.get(key)), None
@@ -260,8 +261,8 @@ class CollectiveAgreement(TorchDispatchMode):
                 if self.store.check([key]):
                     continue
                 return None, pickle.loads(self.store.get(done_key))
-            time.sleep(pauses[i] if i < len(pauses) else 0.02)
-            i += 1
+            time.sleep(pause)
+            pause = min(pause * 1.33, 0.02)
 
     def _raise_differ(self, ranks, n, fps) -> None:
         lines = [f"collective #{n} on the group of ranks {list(ranks)} differs between ranks:"]

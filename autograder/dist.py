@@ -25,6 +25,7 @@ import io
 import json
 import linecache
 import multiprocessing
+import multiprocessing.connection
 import os
 import re
 import shutil
@@ -279,6 +280,7 @@ def _rank_main(payload, rank: int, world_size: int, workdir: str, backend: str, 
         if backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())
         store = dist.FileStore(os.path.join(workdir, "store"), world_size)
+        finished = False
         dist.init_process_group(
             backend, store=store, rank=rank, world_size=world_size,
             timeout=datetime.timedelta(seconds=timeout + 5.0),
@@ -307,11 +309,16 @@ def _rank_main(payload, rank: int, world_size: int, workdir: str, backend: str, 
             # (a fast rank exiting early makes a slow one fail with "Connection
             # closed by peer"): wait until every rank has returned.
             _wait_for_all_ranks_to_finish(store, world_size, timeout)
+            finished = True
         finally:
-            try:
-                dist.destroy_process_group()
-            except Exception:  # noqa: BLE001 - best effort after a failure
-                pass
+            # After every rank returned, gloo's connections close with the process (os._exit below):
+            # destroying the group first costs ~20 ms a rank for nothing. NCCL's communicators are
+            # destroyed, and so is any group after a failure (best effort).
+            if backend != "gloo" or not finished:
+                try:
+                    dist.destroy_process_group()
+                except Exception:  # noqa: BLE001 - best effort after a failure
+                    pass
         buf = io.BytesIO()
         try:
             torch.save(result, buf)
@@ -367,7 +374,7 @@ class _PeerFailed(Exception):
 
 
 def _wait_for_all_ranks_to_finish(store, world_size: int, timeout: float) -> None:
-    """Wait (idle: 20 ms between looks) until every rank has returned from its rank program.
+    """Wait (idle: from 1 ms up to 20 ms between looks) until every rank has returned from its rank program.
 
     Raises _PeerFailed as soon as another rank reports a failure, so that this
     rank stops at once instead of waiting for the parent to kill it.
@@ -375,12 +382,14 @@ def _wait_for_all_ranks_to_finish(store, world_size: int, timeout: float) -> Non
     done = [_DONE.format(rank=r) for r in range(world_size)]
     failed = [_FAILED.format(rank=r) for r in range(world_size)]
     deadline = time.monotonic() + timeout + 5.0
+    pause = 0.001
     while not store.check(done):
         if any(store.check([k]) for k in failed):
             raise _PeerFailed()
         if time.monotonic() > deadline:
             raise TimeoutError("the other ranks did not finish their rank programs")
-        time.sleep(0.02)
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.02)
 
 
 def _exception_record(exc: BaseException) -> dict:
@@ -478,6 +487,11 @@ class _RankProcess:
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )
             self.pid = self._popen.pid
+
+    @property
+    def sentinel(self):
+        """A handle that becomes ready when the rank exits (forked ranks); None for a spawned interpreter."""
+        return self._proc.sentinel if self._proc is not None else None
 
     @property
     def exitcode(self):
@@ -691,8 +705,12 @@ def _supervise(procs: list[_RankProcess], workdir: str, timeout: float, show_out
         if pending and first_failure_at is not None and settled.deadlocked(now, pending):
             break  # the survivors are blocked waiting for the failed rank: no need to wait out the grace
         if pending:
-            time.sleep(poll_s)
-            poll_s = min(poll_s * 1.5, 0.02)
+            sentinels = [procs[r].sentinel for r in pending]
+            if all(x is not None for x in sentinels):
+                multiprocessing.connection.wait(sentinels, timeout=0.02)  # wakes as soon as a rank exits
+            else:
+                time.sleep(poll_s)
+                poll_s = min(poll_s * 1.5, 0.02)
 
     stuck = sorted(pending)
     if stuck:

@@ -53,13 +53,18 @@ _MARKERS = re.compile(r"^[ \t]*### (BEGIN|END) (SOLUTION|HIDDEN TESTS)[ \t]*$", 
 def _safe_classes() -> list:
     """Classes a rank may send back besides tensors and containers: the dataclasses of the course's own
     modules (the ledger's records, the checks' result records), rebuilt field by field, no code run."""
-    out = []
-    for name, module in list(sys.modules.items()):
-        if module is None or not (name == "autograder" or name.startswith("autograder.")):
-            continue
-        out += [c for c in vars(module).values() if isinstance(c, type) and dataclasses.is_dataclass(c)
-                and c.__module__ == name]
-    return out
+    names = tuple(name for name, module in list(sys.modules.items())
+                  if module is not None and (name == "autograder" or name.startswith("autograder.")))
+    if _SAFE_CACHE.get("names") != names:  # computed again only when a course module was imported since
+        out = []
+        for name in names:
+            out += [c for c in vars(sys.modules[name]).values() if isinstance(c, type)
+                    and dataclasses.is_dataclass(c) and c.__module__ == name]
+        _SAFE_CACHE.update(names=names, classes=out)
+    return _SAFE_CACHE["classes"]
+
+
+_SAFE_CACHE: dict = {}
 
 
 def safe_load(data: bytes):
