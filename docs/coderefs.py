@@ -198,10 +198,18 @@ def permalink(entry: dict, lines: list[int] | None = None) -> str:
     return url
 
 
-def symbol_lines(entry: dict, name: str) -> list[int] | None:
-    syms = entry["symbols"]
-    if name in syms:
-        return syms[name]
+def symbol_target(table: dict, entry: dict, name: str) -> tuple[dict, list[int] | None] | None:
+    """(file entry, [start, end] or None) that a symbol links to: its lines in the file it is attached to, or
+    in another file the lesson cites ({"file", "lines"}); the file without lines when the file's text could not
+    be read (entry "unread"); None when the file does not have it."""
+    value = entry["symbols"].get(name)
+    if isinstance(value, dict):
+        other = table["files"][value["file"]]
+        return {**other}, value["lines"]
+    if value:
+        return entry, value
+    if entry.get("unread"):
+        return entry, None
     return None
 
 
@@ -221,8 +229,9 @@ def link_references(text: str, lesson: str, table: dict) -> tuple[str, list[dict
                            f"({ref.context}) in docs/code_refs.json: run docs/resolve_code_refs.py")
         by_line.setdefault(ref.line, []).append((ref.path, permalink(entry), entry))
         for name in ref.symbols:
-            span_lines = symbol_lines(entry, name)
-            by_line.setdefault(ref.line, []).append(("symbol:" + name, permalink(entry, span_lines), entry))
+            where = symbol_target(table, entry, name)
+            if where is not None:     # a symbol the file does not have stays plain text
+                by_line.setdefault(ref.line, []).append(("symbol:" + name, permalink(*where), where[0]))
     # rewrite code spans line by line: a source paragraph's symbols may sit on the lines after its path
     out = []
     pending: list[tuple[str, str, dict]] = []
