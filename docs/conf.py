@@ -17,6 +17,8 @@ project = "Parallelism for Large-Scale LLM Training"
 author = "the course team"
 copyright = "the course team"
 root_doc = "index"
+# the lessons' text as written (no curly quotes): what a student searches for is what the page says
+smartquotes = False
 
 extensions = ["myst_nb", "mathml"]
 
