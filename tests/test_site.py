@@ -382,3 +382,15 @@ def test_the_site_build_time_is_reported(site):
     m = re.search(r"in ([\d.]+) s", site["stdout"])
     assert m, site["stdout"]
     print(f"\nsite build: {site['seconds']:.1f} s wall from a clean copy; {site['stdout'].splitlines()[0]}")
+
+
+def test_the_readme_says_how_to_build_and_open_the_site_and_shows_it():
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    section = readme[readme.index("## The course as a website"):]
+    section = section[:section.index("\n## ", 3)]
+    assert "make site" in section and "build/site/index.html" in section and "Sphinx" in section
+    shots = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", section)
+    assert shots, "the README's site section shows no screenshot"
+    png = open(os.path.join(ROOT, shots[0]), "rb").read()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000, shots[0]
+    assert re.search(r"^site:", open(os.path.join(ROOT, "Makefile")).read(), re.M), "no `site` target"
