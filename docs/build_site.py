@@ -252,6 +252,9 @@ def exercise_pages(root: str, assignment: str, nb_rel: str, lesson_texts: dict[s
                 for t, s in readme_sections:
                     if re.match(r"^2\.?\s", t):
                         add(readme_rel, s)
+        # a lesson named with its sections needs no entry of its own
+        anchored = {p for p, a in reads if a}
+        reads = [(p, a) for p, a in reads if a or p not in anchored]
         lines = [f"# Exercise {number}: {rest}", "",
                  f"From the notebook [{title_of(lesson_texts[readme_rel])}]({nb_page}#{heading_slug(sec['title'])})"
                  f" (open `{nb_rel}` in JupyterLab to work on it)." + (f" {points.group(1)} points." if points else ""),
@@ -296,13 +299,13 @@ def _plain(title: str) -> str:
 
 
 def _demote(md: str) -> str:
-    """Headings of copied notebook text one level down (the page has its own `#` and `##`)."""
+    """The exercise's notebook text without its `## Exercise N` heading (the page's title)."""
     out, fence = [], False
     for line in md.splitlines():
         if line.lstrip().startswith("```"):
             fence = not fence
-        if not fence and re.match(r"^#{1,5}\s", line):
-            line = "#" + line if not line.startswith("## Exercise") else "#" * 3 + line.lstrip("#")
+        if not fence and re.match(r"^##\s+Exercise\s+\d+", line):
+            continue        # the page's own title; the sub-sections (###) stay under "The task"
         out.append(line)
     return "\n".join(out)
 
