@@ -44,6 +44,8 @@ class Reference:
     path: str             # as written
     symbols: list[str] = field(default_factory=list)   # as written, normalised by `symbol_name`
     line: int = 0         # 1-based line of the lesson
+    # where each span is: (line, start, end, symbol name or None for the path), offsets in that line
+    spans: list[tuple[int, int, int, str | None]] = field(default_factory=list)
 
 
 def is_path(span: str) -> bool:
@@ -68,27 +70,31 @@ def symbol_name(span: str) -> str | None:
     return name
 
 
-def _cells(row: str) -> list[str]:
-    body = row.strip()
-    if body.startswith("|"):
-        body = body[1:]
-    if body.endswith("|"):
-        body = body[:-1]
-    return [c.strip() for c in re.split(r"(?<!\\)\|", body)]
+def _cells(row: str) -> list[tuple[str, int]]:
+    """(cell text, offset of the cell in the row) for a table row."""
+    out = []
+    bounds = [m.start() for m in re.finditer(r"(?<!\\)\|", row)]
+    for a, b in zip(bounds, bounds[1:]):
+        out.append((row[a + 1:b], a + 1))
+    return out
 
 
-def _walk_spans(text: str, refs: list[Reference], context: str, line: int, carry: Reference | None = None):
-    """Paths and the symbols after them in one cell or paragraph; returns the last open reference."""
+def _walk_spans(text: str, refs: list[Reference], context: str, line: int, carry: Reference | None = None,
+                offset: int = 0):
+    """Paths and the symbols after them in one cell or line of a paragraph; returns the last open reference."""
     current = carry
     for m in CODE.finditer(text):
         span = m.group(1).strip()
+        where = (line, offset + m.start(), offset + m.end())
         if is_path(span):
-            current = Reference(context, span, [], line)
+            current = Reference(context, span, [], line, [(*where, None)])
             refs.append(current)
         elif current is not None:
             name = symbol_name(span)
-            if name and name not in current.symbols:
-                current.symbols.append(name)
+            if name:
+                if name not in current.symbols:
+                    current.symbols.append(name)
+                current.spans.append((*where, name))
     return current
 
 
@@ -124,28 +130,26 @@ def lesson_references(text: str) -> list[Reference]:
             continue
         if in_code_map and raw.lstrip().startswith("|"):
             cells = _cells(raw)
-            if all(re.fullmatch(r":?-{3,}:?", c) for c in cells):
+            if all(re.fullmatch(r":?-{3,}:?", c.strip()) for c, _ in cells):
                 i += 1
                 continue
             if not header:
-                header = [re.sub(r"`", "", c) for c in cells]
+                header = [re.sub(r"`", "", c).strip() for c, _ in cells]
                 i += 1
                 continue
             carry = None
-            for col, cell in enumerate(cells):
+            for col, (cell, offset) in enumerate(cells):
                 name = header[col] if col < len(header) else f"column {col}"
                 opened = _walk_spans(cell, refs, f"code map: {name}", i + 1,
-                                     carry if name.lower() == "symbol" else None)
+                                     carry if name.lower() == "symbol" else None, offset)
                 carry = opened if name.lower() == "file" else None
             i += 1
             continue
         if not source_done and SOURCE_START.match(raw):
-            start = i
-            para = []
+            current = None
             while i < len(lines) and lines[i].strip():
-                para.append(lines[i])
+                current = _walk_spans(lines[i], refs, "source", i + 1, current)
                 i += 1
-            _walk_spans(" ".join(para), refs, "source", start + 1)
             source_done = True
             continue
         if in_code_map:
@@ -153,13 +157,13 @@ def lesson_references(text: str) -> list[Reference]:
             for m in CODE.finditer(raw):
                 span = m.group(1).strip()
                 if is_path(span) and span.startswith(FULL_PATH_ROOTS):
-                    refs.append(Reference("code map: text", span, [], i + 1))
+                    refs.append(Reference("code map: text", span, [], i + 1, [(i + 1, m.start(), m.end(), None)]))
             i += 1
             continue
         for m in CODE.finditer(raw):
             span = m.group(1).strip()
             if is_path(span) and span.startswith(FULL_PATH_ROOTS):
-                refs.append(Reference("text", span, [], i + 1))
+                refs.append(Reference("text", span, [], i + 1, [(i + 1, m.start(), m.end(), None)]))
         i += 1
     return refs
 
@@ -214,48 +218,34 @@ def symbol_target(table: dict, entry: dict, name: str) -> tuple[dict, list[int] 
 
 
 def link_references(text: str, lesson: str, table: dict) -> tuple[str, list[dict]]:
-    """The lesson with each code reference's path and symbol spans turned into permalinks.
+    """The lesson with each code reference's path and symbol spans turned into permalinks, exactly where the
+    references were found (a course name in a table's first column is not a symbol of the file next to it).
 
     Returns (markdown, links) where links lists {"line", "span", "url", "repo", "commit"}. A reference
     missing from the table raises KeyError naming it (the table must be regenerated)."""
-    refs = lesson_references(text)
     lines = text.splitlines(keepends=True)
-    by_line: dict[int, list[tuple[str, str, dict]]] = {}
-    links = []
-    for ref in refs:
+    edits: dict[int, list[tuple[int, int, str, dict]]] = {}
+    for ref in lesson_references(text):
         entry = resolve(table, lesson, ref)
         if entry is None:
             raise KeyError(f"{lesson}:{ref.line}: no entry for the code reference `{ref.path}` "
                            f"({ref.context}) in docs/code_refs.json: run docs/resolve_code_refs.py")
-        by_line.setdefault(ref.line, []).append((ref.path, permalink(entry), entry))
-        for name in ref.symbols:
-            where = symbol_target(table, entry, name)
-            if where is not None:     # a symbol the file does not have stays plain text
-                by_line.setdefault(ref.line, []).append(("symbol:" + name, permalink(*where), where[0]))
-    # rewrite code spans line by line: a source paragraph's symbols may sit on the lines after its path
-    out = []
-    pending: list[tuple[str, str, dict]] = []
-    for n, line in enumerate(lines, start=1):
-        pending = pending + by_line.get(n, [])
-        if pending:
-            line = _link_line(line, pending, links, n)
-        out.append(line)
-        if not line.strip() or line.lstrip().startswith("|"):
-            pending = []     # a paragraph or a table row ends: what it did not show is not elsewhere
-    return "".join(out), links
-
-
-def _link_line(line: str, pending: list, links: list, n: int) -> str:
-    def repl(m):
-        span = m.group(1)
-        stripped = span.strip()
-        for i, (key, url, entry) in enumerate(pending):
-            hit = (key == stripped) if not key.startswith("symbol:") else (symbol_name(stripped) == key[7:])
-            if hit:
-                pending.pop(i)
-                links.append({"line": n, "span": stripped, "url": url, "repo": entry["repo"],
-                              "commit": entry["commit"]})
-                return f"[`{span}`]({url})"
-        return m.group(0)
-    # skip spans already inside a link: `[`x`](...)`
-    return re.sub(r"(?<!\[)`([^`\n]+)`(?!\]\()", repl, line)
+        for line, start, end, name in ref.spans:
+            if name is None:
+                url, target = permalink(entry), entry
+            else:
+                where = symbol_target(table, entry, name)
+                if where is None:      # a symbol the file does not have stays plain text
+                    continue
+                url, target = permalink(*where), where[0]
+            edits.setdefault(line, []).append((start, end, url, target))
+    links = []
+    for line, spans in edits.items():
+        s = lines[line - 1]
+        for start, end, url, target in sorted(spans, reverse=True):
+            code = s[start:end]
+            s = s[:start] + f"[{code}]({url})" + s[end:]
+            links.append({"line": line, "span": code.strip("`"), "url": url, "repo": target["repo"],
+                          "commit": target["commit"]})
+        lines[line - 1] = s
+    return "".join(lines), sorted(links, key=lambda l: l["line"])
