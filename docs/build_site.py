@@ -108,10 +108,13 @@ def commit_note(links: list[dict], table: dict) -> str:
         origin = table["repositories"].get(repo, {}).get(commit, "")
         extra = f" ({origin})" if "torch" in origin and "installed" in origin or "moved" in origin else ""
         items.append(f"[{repo}](https://github.com/{repo}/tree/{commit}) at `{commit}`{extra}")
+    unread = sorted({l["unread"] for l in links if l.get("unread")})
+    lineless = (f" `{'`, `'.join(unread)}` is linked without line numbers: PyTorch's C++ sources are not in "
+                "its wheel and its repository is too large to snapshot for the build." if unread else "")
     return ("```{admonition} Code links on this page\n:class: note\n"
             "Every file and symbol linked on this page points at a fixed commit, with the symbol's lines: "
             + "; ".join(items) + ". Symbols move between versions; the links keep showing what this lesson "
-            "was written against.\n```\n")
+            "was written against." + lineless + "\n```\n")
 
 
 def insert_commit_note(text: str, note: str) -> str:

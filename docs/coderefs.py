@@ -190,7 +190,7 @@ def resolve(table: dict, lesson: str, ref: Reference) -> dict | None:
         return None
     entry = table["files"][target]
     return {"repo": entry["repo"], "path": entry["path"], "commit": entry["commit"], "kind": entry["kind"],
-            "symbols": entry["symbols"], "id": target}
+            "symbols": entry["symbols"], "id": target, "unread": entry.get("unread")}
 
 
 def permalink(entry: dict, lines: list[int] | None = None) -> str:
@@ -246,6 +246,6 @@ def link_references(text: str, lesson: str, table: dict) -> tuple[str, list[dict
             code = s[start:end]
             s = s[:start] + f"[{code}]({url})" + s[end:]
             links.append({"line": line, "span": code.strip("`"), "url": url, "repo": target["repo"],
-                          "commit": target["commit"]})
+                          "commit": target["commit"], "unread": target["path"] if target.get("unread") else None})
         lines[line - 1] = s
     return "".join(lines), sorted(links, key=lambda l: l["line"])
