@@ -11,7 +11,7 @@ export PYTHONPATH := $(CURDIR)
 # nbgrader runs `alembic` from PATH
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: install build test test-all demo lab clean student-package
+.PHONY: install build test test-all demo lab clean student-package site
 
 install: $(STAMP)
 
@@ -56,3 +56,8 @@ clean:
 # Everything, the opt-in sweeps included (every mutant on every cell of its notebook).
 test-all: $(STAMP)
 	COURSE_EXHAUSTIVE=1 $(PY) -m pytest -q
+
+# The course as a website: build/site/index.html (overview, lessons, release notebooks never executed, a page
+# per exercise, formulas as MathML, figures drawn by autograder/, code links at pinned commits). Offline.
+site: $(STAMP)
+	$(PY) docs/build_site.py --out build/site

@@ -1,0 +1,52 @@
+"""Sphinx configuration of the course site (`make site`; docs/build_site.py stages the sources first).
+
+The sources Sphinx reads are a staged copy (build/site-src/): the course
+overview as `index.md`, `assignments/` (lessons with code links and figures
+added), `release/` (the student notebooks, never executed) and `exercises/`
+(a page per exercise, generated from the notebooks).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+project = "Parallelism for Large-Scale LLM Training"
+author = "the course team"
+copyright = "the course team"
+root_doc = "index"
+# the lessons' text as written (no curly quotes): what a student searches for is what the page says
+smartquotes = False
+
+extensions = ["myst_nb", "mathml"]
+
+# Markdown: GitHub's dialect as the lessons are written for it, plus $...$ / $$...$$ math (GitHub renders
+# the same syntax) and GitHub-style heading slugs, so `README.md#3-the-memory-ledger` resolves here too.
+myst_enable_extensions = ["dollarmath"]
+myst_dmath_double_inline = True
+myst_heading_anchors = 4
+myst_links_external_new_tab = False
+
+# Notebooks: rendered as released (task text, worked examples, visible tests), NEVER executed.
+nb_execution_mode = "off"
+nb_merge_streams = True
+
+html_math_renderer = "mathml"
+
+html_theme = "furo"
+html_title = "LLM parallelism course"
+html_static_path = ["_static"]
+html_css_files = ["course.css"]
+html_copy_source = False
+html_show_sourcelink = False
+html_last_updated_fmt = None
+html_theme_options = {
+    "navigation_with_keys": True,
+    "top_of_page_buttons": [],
+}
+pygments_style = "default"
+
+suppress_warnings = ["mystnb.unknown_mime_type"]
+exclude_patterns = ["_build", "**.ipynb_checkpoints"]

@@ -1,0 +1,102 @@
+"""The course website in a real browser, offline: the home page, a lesson's formulas, the search.
+
+    .venv/bin/python -m pytest -q -s tests/test_site_browser.py      # screenshots: build/screenshots/site_*.png
+
+Part of the browser test of the student's first hour (tests/test_browser.py,
+whose Chromium, flags and skip rule it uses): Debian's Chromium opens the
+built site from its files (file://, as a student opens it offline) with
+every request to another host refused, and finds:
+
+1. the home page (the course overview) with its lessons in the navigation;
+2. a lesson whose formulas are rendered: MathML laid out by the browser (a
+   fraction's numerator above its denominator), no `$` left in the text;
+3. the search answering from its offline index.
+
+The site is the one tests/test_site.py builds (once per session).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from course import ROOT
+from test_browser import CHROMIUM, CHROMIUM_ARGS, SHOTS, pytestmark, sync_playwright  # noqa: F401
+from test_site import built_site
+
+# numerator and denominator boxes of the first few fractions, and what the page shows as text
+_MATH_JS = """() => {
+  const fracs = [...document.querySelectorAll('math mfrac')].slice(0, 12).map(f => {
+    const [num, den] = [f.children[0].getBoundingClientRect(), f.children[1].getBoundingClientRect()];
+    return {numBottom: num.bottom, denTop: den.top, width: f.getBoundingClientRect().width};
+  });
+  const maths = [...document.querySelectorAll('math')].map(m => m.getBoundingClientRect());
+  return {count: maths.length, visible: maths.filter(r => r.width > 0 && r.height > 0).length, fracs: fracs,
+          text: document.querySelector('article').innerText};
+}"""
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    return built_site(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def page():
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        remote = []
+
+        def refuse(route):
+            remote.append(route.request.url)
+            route.abort()
+        context.route(lambda url: not url.startswith(("file:", "data:", "about:")), refuse)
+        pg = context.new_page()
+        pg.remote_requests = remote
+        yield pg
+        browser.close()
+
+
+def _url(site, rel: str) -> str:
+    return "file://" + os.path.join(site["out"], rel)
+
+
+def test_the_home_page_is_the_course_overview(site, page):
+    page.goto(_url(site, "index.html"))
+    assert "course overview" in page.locator("h1").first.inner_text()
+    nav = page.locator(".sidebar-tree").inner_text()
+    for lesson in ("01 · Data parallelism", "03 · Pipeline parallelism", "06 · The capstone"):
+        assert lesson in nav, nav[:500]
+    os.makedirs(SHOTS, exist_ok=True)
+    shot = os.path.join(SHOTS, "site_home.png")
+    page.screenshot(path=shot)
+    print(f"\nscreenshot: {os.path.relpath(shot, ROOT)}")
+    assert not page.remote_requests, f"the page asked the network for {page.remote_requests}"
+
+
+@pytest.mark.parametrize("lesson,least", [("assignments/01_data_parallel/README.html", 20),
+                                          ("assignments/03_pipeline_parallel/01_schedules_as_data.html", 3)])
+def test_a_lesson_shows_its_formulas_rendered(site, page, lesson, least):
+    page.goto(_url(site, lesson))
+    state = page.evaluate(_MATH_JS)
+    assert state["count"] >= least and state["visible"] == state["count"], state["count"]
+    assert state["fracs"], "no fraction on the page"
+    for f in state["fracs"]:
+        # laid out as a fraction: the numerator sits above the denominator, and the fraction has a width
+        assert f["numBottom"] <= f["denTop"] + 1 and f["width"] > 0, f
+    assert "\\frac" not in state["text"] and "$" not in state["text"], "raw LaTeX is visible"
+    page.locator("math mfrac").first.scroll_into_view_if_needed()
+    shot = os.path.join(SHOTS, "site_" + os.path.basename(os.path.dirname(lesson)) + ".png")
+    page.screenshot(path=shot)
+    assert not page.remote_requests, f"the page asked the network for {page.remote_requests}"
+
+
+def test_the_search_answers_offline(site, page):
+    page.goto(_url(site, "search.html") + "?q=reduce-scatter")
+    results = page.locator("#search-results ul.search li")
+    results.first.wait_for(timeout=20_000)
+    assert results.count() >= 5
+    assert not page.remote_requests, f"the page asked the network for {page.remote_requests}"
+
