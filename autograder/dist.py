@@ -25,7 +25,6 @@ import io
 import json
 import linecache
 import multiprocessing
-import multiprocessing.connection
 import os
 import re
 import shutil
@@ -489,11 +488,6 @@ class _RankProcess:
             self.pid = self._popen.pid
 
     @property
-    def sentinel(self):
-        """A handle that becomes ready when the rank exits (forked ranks); None for a spawned interpreter."""
-        return self._proc.sentinel if self._proc is not None else None
-
-    @property
     def exitcode(self):
         if self._proc is not None:
             return self._proc.exitcode
@@ -642,8 +636,9 @@ class _IdleWatch:
     A rank waiting in a collective, a P2P receive or the runner's final wait
     sleeps in the kernel; a rank that computes, however slowly, uses the CPU.
     Less than `busy` CPU-seconds per second across all live ranks counts as
-    idle, and only while no thread of theirs is runnable: on a loaded machine
-    a rank that waits for a CPU is slow, not deadlocked.
+    idle, and only while no thread of theirs stays runnable (two looks in a
+    row): on a loaded machine a rank that waits for a CPU is slow, not
+    deadlocked; a thread that wakes for an instant is neither.
     """
 
     def __init__(self, procs, window: float = DEADLOCK_IDLE_S, busy: float = 0.05, sample: float = 0.25):
@@ -651,6 +646,7 @@ class _IdleWatch:
         self.history: list[tuple[float, float]] = []  # (time, total CPU seconds of the live ranks)
         self.next_sample = 0.0
         self.live: frozenset = frozenset()
+        self.runnable = 0  # consecutive looks at which some thread of a live rank was runnable
 
     def deadlocked(self, now: float, live: set[int]) -> bool:
         if now < self.next_sample:
@@ -665,8 +661,13 @@ class _IdleWatch:
                 return False  # cannot tell: rely on the timeout
             total += t
         if any(_running(self.procs[rank].pid) for rank in live):
-            self.history = []  # someone is (or wants to be) computing: start a new window
-            return False
+            self.runnable += 1
+            if self.runnable >= 2:
+                # runnable at two looks in a row: computing, or waiting for a CPU: start a new window
+                self.history = []
+                return False
+        else:
+            self.runnable = 0  # a thread that woke for an instant (a timer, gloo's housekeeping) is not work
         self.history.append((now, total))
         while len(self.history) > 1 and now - self.history[1][0] >= self.window:
             self.history.pop(0)
@@ -705,12 +706,8 @@ def _supervise(procs: list[_RankProcess], workdir: str, timeout: float, show_out
         if pending and first_failure_at is not None and settled.deadlocked(now, pending):
             break  # the survivors are blocked waiting for the failed rank: no need to wait out the grace
         if pending:
-            sentinels = [procs[r].sentinel for r in pending]
-            if all(x is not None for x in sentinels):
-                multiprocessing.connection.wait(sentinels, timeout=0.02)  # wakes as soon as a rank exits
-            else:
-                time.sleep(poll_s)
-                poll_s = min(poll_s * 1.5, 0.02)
+            time.sleep(poll_s)
+            poll_s = min(poll_s * 1.5, 0.02)
 
     stuck = sorted(pending)
     if stuck:

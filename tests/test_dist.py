@@ -141,7 +141,7 @@ def test_a_deadlock_is_reported_within_seconds_with_where_each_rank_waits():
         run_distributed(_deadlock, 2, timeout=20)
     elapsed = time.monotonic() - t0
     msg = str(info.value)
-    assert elapsed < 5, f"a deadlock took {elapsed:.1f} s to report"
+    assert elapsed < 10, f"a deadlock took {elapsed:.1f} s to report"
     assert "deadlock" in msg and "none had used the CPU" in msg
     assert "ranks 0, 1: each was blocked in recv (torch.distributed)" in msg
     assert "in _deadlock" in msg and "dist.recv(t, src=1 - rank)" in msg  # the student's blocking line

@@ -97,6 +97,10 @@ def test_the_search_answers_offline(site, page):
     page.goto(_url(site, "search.html") + "?q=reduce-scatter")
     results = page.locator("#search-results ul.search li")
     results.first.wait_for(timeout=20_000)
+    # Sphinx's search lists its results one by one: wait for the fifth (the lessons and exercises that
+    # name reduce-scatter are many more), failing after 20 s
+    page.wait_for_function("document.querySelectorAll('#search-results ul.search li').length >= 5",
+                           timeout=20_000)
     assert results.count() >= 5
     assert not page.remote_requests, f"the page asked the network for {page.remote_requests}"
 

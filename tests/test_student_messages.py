@@ -141,7 +141,9 @@ def test_a_deadlock_is_reported_within_seconds_with_the_blocked_line():
     nb, _ = _run(sources)
     text = _shown(nb.cells[-1])
     took = float(text.split("took ", 1)[1].split(" s", 1)[0])
-    assert took < 5, f"the deadlock took {took} s to report:\n{text}"
+    # the idle detection needs 2 s of quiet after the ranks block (dist.DEADLOCK_IDLE_S); the run's own
+    # timeout is 20 s: well under it, whatever the machine's load
+    assert took < 10, f"the deadlock took {took} s to report:\n{text}"
     assert "deadlock" in text
     assert "each was blocked in recv (torch.distributed), called at Cell In[" in text
     assert "dist.recv(param.grad" in text
