@@ -98,7 +98,11 @@ def _cells_to_check(m) -> set:
     return {next(gid for gid in TRAINING_CELLS if gid in m.must_fail)}
 
 
-@pytest.mark.parametrize("m", MUTANTS, ids=[m.name for m in MUTANTS])
+# groups_my_group_first hangs until the check's 20 s bound: in make test it is caught by
+# test_the_hang_is_reported_with_each_rank_line_and_the_grader_goes_on below (and by the sweep here with
+# COURSE_EXHAUSTIVE=1)
+@pytest.mark.parametrize("m", [pytest.param(m, id=m.name, marks=pytest.mark.exhaustive
+                                            if m.name == "groups_my_group_first" else ()) for m in MUTANTS])
 def test_mutant_is_caught(m):
     must_pass = MUST_PASS.get(m.name, set())
     check = _cells_to_check(m)
