@@ -165,7 +165,7 @@ def test_readme_quoted_figures():
     assert "448 MiB" in readme and ep_dispatch_bytes(T, K, H, 8)["all_to_all_input"] == 448 * MiB
     assert f"{remote_copies_per_token(E, K, 8, dedup=True):.2f}" in readme  # 4.63
     assert "3.5 with node-limited routing" in readme
-    assert f"Megatron `k (G-1)/G` = {remote_copies_per_token(E, K, 8):.1f}" in readme
+    assert f"Megatron $k \\frac{{G-1}}{{G}}$ = {remote_copies_per_token(E, K, 8):.1f}" in readme
     ratio = H100_NODE.nvlink.bytes_per_s / H100_NODE.network.bytes_per_s
     assert f"network is {ratio:.0f}x slower" in readme
     assert expert_data_parallel_size(16, ep=8) == 2 and "EDP = 2" in readme
