@@ -13,7 +13,6 @@ DistributedError naming the rank, the tensor and the element.
 
 from __future__ import annotations
 
-import functools
 import contextlib
 import math
 import time
@@ -22,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from autograder.checks import one_thread
 from autograder.compare import CheckFailure, Findings, assert_close, dtype_name, fmt_shape
 from autograder.dist import rank_device, run_distributed
 from autograder.plots import new_figure, picture
@@ -34,24 +34,7 @@ __all__ = ["ToyNet", "check_broadcast_module_states", "check_all_reduce_gradient
            "plot_memory_ledger", "ddp_timeline", "plot_ddp_timeline"]
 
 
-def _one_thread(check):
-    """Run a check with one intra-op thread in this process, then restore the setting.
-
-    The parent's part of a check (the single-process reference) is tiny; with
-    two OpenMP threads on a busy machine one of them is often descheduled
-    while the other spins at a barrier, which made a 20 ms reference take
-    2-3 s. With one thread its time does not depend on the machine's load, nor
-    its rounding on the kernel's thread setting.
-    """
-    @functools.wraps(check)
-    def wrapper(*args, **kwargs):
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return check(*args, **kwargs)
-        finally:
-            torch.set_num_threads(threads)
-    return wrapper
+_one_thread = one_thread  # (autograder.checks.one_thread)
 
 
 # ---------------------------------------------------------------------------

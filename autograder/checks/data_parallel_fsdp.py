@@ -21,7 +21,6 @@ elements of padding (Megatron pads to `lcm(d, 128)`).
 
 from __future__ import annotations
 
-import functools
 import gc
 import math
 import time
@@ -34,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from autograder.checks import one_thread
 from autograder.checks.data_parallel import PADDING_BOUND_PER_RANK
 from autograder.compare import CheckFailure, Findings, assert_close, dtype_name
 from autograder.dist import rank_device, run_distributed
@@ -44,24 +44,7 @@ __all__ = ["MixedPrecisionPolicy", "RMSNorm", "Block", "TinyTransformer", "Linea
            "check_fsdp_mixed_precision", "check_gather_full_params"]
 
 
-def _one_thread(check):
-    """Run a check with one intra-op thread in this process, then restore the setting.
-
-    The parent's part of a check (the single-process reference) is tiny; with
-    two OpenMP threads on a busy machine one of them is often descheduled
-    while the other spins at a barrier, which made a 20 ms reference take
-    2-3 s. With one thread its time does not depend on the machine's load, nor
-    its rounding on the kernel's thread setting.
-    """
-    @functools.wraps(check)
-    def wrapper(*args, **kwargs):
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return check(*args, **kwargs)
-        finally:
-            torch.set_num_threads(threads)
-    return wrapper
+_one_thread = one_thread  # (autograder.checks.one_thread)
 
 
 # (rtol, atol) of a model computed in bfloat16/float16 against the float32 reference, for its outputs,
