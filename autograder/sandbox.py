@@ -187,12 +187,14 @@ class Sandbox:
         self.extra_ro = tuple(extra_ro)
         self.procs: list[subprocess.Popen] = []
 
-    # the paths put back, read-only, over the hidden course root
+    # the paths put back, read-only, over what the sandbox hides: the course root and /tmp (a checkout or a
+    # virtual environment under /tmp, as in a CI clone, would otherwise vanish under the private /tmp)
     def _ro_paths(self) -> list[str]:
         import autograder
 
         keep = [sys.prefix, os.path.dirname(os.path.abspath(autograder.__file__)), *self.extra_ro]
-        return sorted({os.path.realpath(p) for p in keep if _under(p, self.root)})
+        keep = {os.path.realpath(p) for p in keep}
+        return sorted(p for p in keep if _under(p, self.root) or _under(p, "/tmp"))
 
     def argv(self, cmd: list[str], cwd: str | None = None) -> list[str]:
         if not self.isolate:
