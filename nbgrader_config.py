@@ -26,6 +26,9 @@ c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 # student function is reported with each rank's stack instead of killing the cell.
 c.Execute.timeout = 300
 c.Execute.interrupt_on_timeout = True
+# Stop the kernel at once after the last cell: a graceful shutdown spends about 2 s per notebook finalising an
+# interpreter that imported torch, and nothing is left to save.
+c.Execute.shutdown_kernel = "immediate"
 
 # nbgrader scores a test cell 0 when it has ANY stderr output (a FutureWarning
 # of torch, a C++ log line of c10d). Our checks fail by raising, never by

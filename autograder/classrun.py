@@ -8,14 +8,18 @@ One submission, in a worker process of its own:
 
 1. intake (autograder.intake): the notebook file checked and normalised, or
    a named reason why it cannot be graded;
-2. the feedback run: real `nbgrader autograde` of that one student, in a
-   scratch course holding the release notebook's test cells (no hidden test,
-   no solution), inside the sandbox (autograder.sandbox) with its memory,
-   process and time limits: the student's kernel runs the notebook as
-   nbgrader always does;
-3. the trusted run (autograder.trusted): the grader runs the source
-   notebook's test cells, hidden ones included, while the student's code runs
-   in a second sandbox; its verdicts are the grade;
+2. the feedback run: nbgrader's own autograde of that one student, called in
+   this worker (nbgrader is imported once per worker, not once per
+   submission), in a scratch course holding the release notebook's test cells
+   (no hidden test, no solution); only the student's kernel runs in the
+   sandbox (autograder.sandbox), with its memory, process and time limits,
+   reached over Unix sockets (autograder.nbgrader_plugins.SandboxedExecute);
+3. the trusted run (autograder.trusted), once nbgrader ran the last cell and
+   before it stops the kernel: the grader runs the source notebook's test
+   cells, hidden ones included, and the live kernel serves as its zygote (it
+   already holds the student's cells, run once, in order); where the kernel
+   cannot (it died, hung or was broken by the student), a zygote of its own
+   in the sandbox; its verdicts are the grade;
 4. the feedback: the notebook of step 2 with each graded cell showing the
    trusted verdict, through nbgrader's `generate_feedback`; where the
    student's kernel and the trusted grader disagree on the visible checks,
@@ -309,7 +313,9 @@ def _grade_into(record: dict, job: dict, work: str) -> None:
         source = json.load(f)
     limits = dict(isolate=job["isolate"], memory_bytes=job["memory_bytes"], max_pids=job["max_pids"])
 
-    # 1. the student's kernel, under nbgrader, in the sandbox (visible tests only: the feedback's body)
+    # 1. nbgrader's autograde of this one student, here in the worker; its kernel in the sandbox (visible tests
+    # only: the feedback's body). 2. Once the last cell ran, the trusted verdicts, the live kernel serving the
+    # grader as its zygote (autograder.trusted.serve_kernel); a zygote of its own if the kernel cannot.
     t0 = time.monotonic()
     course = os.path.join(work, "course")
     shutil.copytree(job["template"], course)
@@ -317,37 +323,51 @@ def _grade_into(record: dict, job: dict, work: str) -> None:
     os.makedirs(sub_dir)
     with open(os.path.join(sub_dir, nb_name), "w", encoding="utf-8") as f:
         json.dump(notebook, f)
-    exe = os.path.join(os.path.dirname(sys.executable), "nbgrader")
-    with Sandbox(root, work, **limits) as box:
-        code, log = box.run([exe, "autograde", assignment, f"--student={student}", "--force", "--log-level=ERROR"],
-                            timeout=job["budget"], cwd=course, env=_nbgrader_env(root))
-        oom = box.out_of_memory
+    kernel_dir = os.path.join(work, "kernel")
+    os.makedirs(kernel_dir)
+    # the kernel's IPC sockets need a short path (a Unix socket's is at most 107 bytes)
+    socket_dir = tempfile.mkdtemp(prefix="agk-", dir="/tmp")
+    session = None
+    try:
+        with Sandbox(root, kernel_dir, extra_rw=(socket_dir,), **limits) as box:
+            session = _KernelSession(box, kernel_dir, socket_dir, _kernel_env(root), record["warnings"],
+                                     lambda channel: grade_notebook(notebook, source, workdir=kernel_dir,
+                                                                    sandbox=box, budget=job["budget"],
+                                                                    kernel=channel))
+            result = session.autograde(course, assignment, student, job["budget"])
+            oom = box.out_of_memory
+            if session.trusted is None:  # the kernel never finished the notebook: a zygote of its own
+                t1 = time.monotonic()
+                session.trusted = grade_notebook(notebook, source, workdir=kernel_dir, sandbox=box,
+                                                 budget=job["budget"])
+                session.timings["trusted_run"] = time.monotonic() - t1
+    finally:
+        shutil.rmtree(socket_dir, ignore_errors=True)
     autograded_path = os.path.join(course, "autograded", student, assignment, nb_name)
     kernel_nb = None
-    if os.path.exists(autograded_path):
+    if result.get("success") and os.path.exists(autograded_path):
         try:
             with open(autograded_path, encoding="utf-8") as f:
                 kernel_nb = json.load(f)
         except ValueError:
             kernel_nb = None
-    if code is None:
+    if session.timed_out:
         record["warnings"].append(f"the notebook's own run was stopped after {job['budget']:g} s (its time budget)")
     elif oom:
         record["warnings"].append(f"the notebook's own run hit its memory limit ({job['memory_bytes'] / 2**30:g} GiB)")
-    elif code != 0 or kernel_nb is None:
+    elif kernel_nb is None:
         record["warnings"].append("the notebook's own run did not finish (its kernel died or nbgrader failed): "
                                   "the feedback shows the submitted notebook")
-    record["timings"]["kernel_run"] = round(time.monotonic() - t0, 2)
-
-    # 2. the trusted verdicts
-    t0 = time.monotonic()
-    trusted_dir = os.path.join(work, "trusted")
-    os.makedirs(trusted_dir)
-    with Sandbox(root, trusted_dir, **limits) as box:
-        verdicts, cell_errors = grade_notebook(notebook, source, workdir=trusted_dir, sandbox=box,
-                                               budget=job["budget"])
-    record["timings"]["trusted_run"] = round(time.monotonic() - t0, 2)
+        record["nbgrader_log"] = scrub_paths(str(result.get("error") or "") + str(result.get("log") or ""),
+                                             work, root, job["workbase"])[-4000:]
+    verdicts, cell_errors = session.trusted
+    if kernel_nb is not None and session.served:
+        cell_errors = _kernel_cell_errors(kernel_nb)
+    trusted_time = session.timings.get("trusted_run", 0.0)
+    record["timings"]["kernel_run"] = round(time.monotonic() - t0 - trusted_time, 2)
+    record["timings"]["trusted_run"] = round(trusted_time, 2)
     record["cell_errors"] = cell_errors[:20]
+    record["trusted_zygote"] = "the notebook's kernel" if session.served else "an interpreter of its own"
 
     # 3. the record and the feedback notebook
     t0 = time.monotonic()
@@ -378,7 +398,119 @@ def _grade_into(record: dict, job: dict, work: str) -> None:
     record["timings"]["feedback"] = round(time.monotonic() - t0, 2)
 
 
-def _nbgrader_api(course: str):
+def _kernel_env(root: str) -> dict:
+    """What the student's kernel gets besides the sandbox's own settings (autograder.sandbox.Sandbox.env)."""
+    env = {k: v for k, v in _nbgrader_env(root).items() if k in ("TORCH_CPP_LOG_LEVEL", "PYTHONWARNINGS", "PATH")}
+    env["PYTHONHASHSEED"] = "0"  # the same verdicts run after run (tests/test_determinism.py)
+    return env
+
+
+def _kernel_cell_errors(nb: dict) -> list:
+    """The errors of the student's own cells in nbgrader's run (what the zygote reports when it runs them)."""
+    out = []
+    for i, cell in enumerate(nb.get("cells", [])):
+        meta = _meta(cell)
+        if cell.get("cell_type") != "code" or (meta.get("grade") and not meta.get("solution")):
+            continue
+        for o in cell.get("outputs", []):
+            if o.get("output_type") == "error":
+                name = f"<answer cell {meta.get('grade_id')}>" if meta.get("solution") else \
+                    f"<cell {meta.get('grade_id') or i}>"
+                out.append({"cell": name, "error": f"{o.get('ename')}: {o.get('evalue')}"[:500]})
+    return out
+
+
+class _KernelSession:
+    """One submission's nbgrader run in this worker (autograder.nbgrader_plugins.SandboxedExecute reads it)."""
+
+    output_limit = 5_000_000
+
+    def __init__(self, box, kernel_dir: str, socket_dir: str, env: dict, warnings_out: list, grade):
+        self.sandbox, self.kernel_dir, self.socket_dir, self.env = box, kernel_dir, socket_dir, env
+        self.warnings, self.grade = warnings_out, grade
+        self.output_seen, self.output_dropped = 0, False
+        self.km = None
+        self.timed_out = False
+        self.served = False
+        self.trusted = None
+        self.timings: dict = {}
+        self._timer = None
+
+    def warn(self, text: str) -> None:
+        self.warnings.append(text)
+
+    def kill(self) -> None:
+        """Stop the kernel and everything it started."""
+        self.sandbox.kill_all()
+        pid = getattr(getattr(self.km, "provisioner", None), "pid", None)
+        if pid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, 9)
+
+    def _time_out(self) -> None:
+        self.timed_out = True
+        self.kill()
+
+    def autograde(self, course: str, assignment: str, student: str, budget: float) -> dict:
+        """nbgrader's autograde of `student`, its kernel stopped after `budget` s of running cells."""
+        import threading
+
+        from autograder import nbgrader_plugins
+
+        self._timer = threading.Timer(budget, self._time_out)
+        self._timer.daemon = True
+        nbgrader_plugins.SESSION["current"] = self
+        self._timer.start()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # SQLAlchemy's "not in session" notes from nbgrader's own queries
+                return _nbgrader_api(course, sandboxed_kernel=True).autograde(assignment, student, force=True,
+                                                                               create=True)
+        finally:
+            self._timer.cancel()
+            nbgrader_plugins.SESSION.pop("current", None)
+
+    def after_cells(self, executor) -> None:
+        """The last cell ran and the kernel lives: the trusted run, the kernel serving as its zygote."""
+        from jupyter_client import BlockingKernelClient
+
+        from autograder.trusted import KernelChannel
+
+        self._timer.cancel()
+        if self.timed_out:
+            return
+        t0 = time.monotonic()
+        with contextlib.suppress(Exception):
+            executor.kc.stop_channels()  # nbgrader reads nothing more; what the kernel prints now is not kept
+        client = BlockingKernelClient(connection_file=executor.km.connection_file)
+        client.load_connection_file()
+        client.start_channels(iopub=False, stdin=False, hb=False, control=False)
+        sent: dict = {}
+
+        def execute(code):
+            sent["id"] = client.execute(code, silent=True, store_history=False, allow_stdin=False)
+
+        def failed():
+            try:
+                msg = client.get_shell_msg(timeout=0)
+            except Exception:  # noqa: BLE001 - queue.Empty: no answer yet
+                return False
+            return msg.get("parent_header", {}).get("msg_id") == sent.get("id")
+
+        channel = KernelChannel(self.socket_dir, self.kernel_dir, execute, failed, self.kill,
+                                cell_errors=_kernel_cell_errors(executor.nb))
+        try:
+            self.trusted = self.grade(channel)
+            self.served = channel.served
+        except Exception:  # noqa: BLE001 - the notebook's run stays; a zygote of its own grades it afterwards
+            self.trusted = None
+            self.kill()
+        finally:
+            client.stop_channels()
+            self.timings["trusted_run"] = time.monotonic() - t0
+
+
+def _nbgrader_api(course: str, sandboxed_kernel: bool = False):
     """nbgrader's API on a scratch course (in this worker process: nbgrader is imported once per worker)."""
     import logging
 
@@ -386,6 +518,14 @@ def _nbgrader_api(course: str):
     from traitlets.config.loader import PyFileConfigLoader
 
     config = PyFileConfigLoader("nbgrader_config.py", path=course).load_config()
+    if sandboxed_kernel:
+        from nbgrader.converters.autograde import Autograde
+        from nbgrader.preprocessors import Execute
+
+        from autograder.nbgrader_plugins import SandboxedExecute
+
+        steps = config.Autograde.get("autograde_preprocessors") or Autograde.autograde_preprocessors.default_value
+        config.Autograde.autograde_preprocessors = [SandboxedExecute if p is Execute else p for p in steps]
     config.CourseDirectory.root = course
     config.CourseDirectory.db_url = "sqlite:///" + os.path.join(course, "gradebook.db")
     logging.getLogger("traitlets").setLevel(logging.ERROR)

@@ -48,3 +48,79 @@ class LimitOutputChars(NbGraderPreprocessor):
                 output["evalue"] = self._cap(str(output.get("evalue", "")))
                 output["traceback"] = [self._cap(line) for line in output.get("traceback", [])][:200]
         return cell, resources
+
+
+# ---------------------------------------------------------------------------
+# The course's grading command runs nbgrader in its worker and only the kernel in the sandbox
+# ---------------------------------------------------------------------------
+
+import os  # noqa: E402
+
+from jupyter_client.manager import AsyncKernelManager  # noqa: E402
+from nbgrader.preprocessors import Execute  # noqa: E402
+
+# The submission being graded in this worker process (autograder.classrun sets it around nbgrader's
+# autograde of one student): .sandbox, .kernel_dir, .socket_dir, .env and .after_cells(executor).
+SESSION: dict = {}
+
+
+class SandboxedKernelManager(AsyncKernelManager):
+    """nbgrader's kernel, started in the submission's sandbox and reached over IPC sockets (the sandbox has
+    no network of its own to share with the grader: a Unix socket in a folder both see needs none)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        session = SESSION["current"]
+        self.transport = "ipc"
+        self.ip = os.path.join(session.socket_dir, "k")
+        self.connection_file = os.path.join(session.socket_dir, "kernel.json")
+
+    async def _async_launch_kernel(self, kernel_cmd, **kw):
+        session = SESSION["current"]
+        env = {**(kw.get("env") or os.environ), **session.env}
+        kw = {**kw, "env": env, "cwd": session.kernel_dir}
+        session.km = self
+        await super()._async_launch_kernel(session.sandbox.command(kernel_cmd, env=env, cwd=session.kernel_dir),
+                                           **kw)
+
+
+class SandboxedExecute(Execute):
+    """nbgrader's Execute, with the kernel in the sandbox; once the last cell ran, and before the kernel is
+    shut down, the session's `after_cells` runs (the trusted grader asks the live kernel to serve it).
+    Outside the grading command (no session) it is nbgrader's Execute."""
+
+    def preprocess(self, nb, resources=None, km=None):
+        session = SESSION.get("current")
+        if session is None:
+            return super().preprocess(nb, resources, km)
+        from nbclient import NotebookClient
+
+        self.kernel_manager_class = SandboxedKernelManager
+        self.shutdown_kernel = "immediate"  # the sandbox is torn down next: no 2 s of interpreter finalisation
+        NotebookClient.__init__(self, nb, km)
+        self.reset_execution_trackers()
+        self._check_assign_resources(resources)
+        with self.setup_kernel():
+            info_msg = self.wait_for_reply(self.kc.kernel_info())
+            self.nb.metadata["language_info"] = info_msg["content"]["language_info"]
+            for index, cell in enumerate(self.nb.cells):
+                self.preprocess_cell(cell, resources, index)
+            session.after_cells(self)
+        self.set_widgets_metadata()
+        return self.nb, self.resources
+
+    def output(self, outs, msg, display_id, cell_index):
+        """Keep at most `SESSION['current'].output_limit` characters of output in the worker's memory (a
+        print loop would otherwise grow it until the cell's end; LimitOutputChars trims what is kept)."""
+        session = SESSION.get("current")
+        if session is not None:
+            content = msg.get("content", {})
+            size = len(str(content.get("text", ""))) + sum(len(str(v)) for v in content.get("data", {}).values())
+            session.output_seen += size
+            if session.output_seen > session.output_limit:
+                if not session.output_dropped:
+                    session.output_dropped = True
+                    session.warn(f"the notebook printed more than {session.output_limit:,} characters; the rest "
+                                 f"of its output was not kept")
+                return None
+        return super().output(outs, msg, display_id, cell_index)

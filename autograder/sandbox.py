@@ -173,7 +173,7 @@ class Sandbox:
 
     def __init__(self, course_root: str, workdir: str, *, isolate: bool = True,
                  memory_bytes: int | None = 4 * 2**30, max_pids: int | None = 512,
-                 extra_ro: tuple = ()):
+                 extra_ro: tuple = (), extra_rw: tuple = ()):
         self.root = os.path.realpath(course_root)
         self.workdir = os.path.realpath(workdir)
         self.isolate = isolate
@@ -185,6 +185,7 @@ class Sandbox:
         self.cgroups = _Cgroups(f"{os.getpid()}-{next(_counter)}-{os.path.basename(self.workdir)}",
                                 memory_bytes, max_pids)
         self.extra_ro = tuple(extra_ro)
+        self.extra_rw = tuple(os.path.realpath(p) for p in extra_rw)  # more folders the submission may write
         self.procs: list[subprocess.Popen] = []
 
     # the paths put back, read-only, over what the sandbox hides: the course root and /tmp (a checkout or a
@@ -204,7 +205,8 @@ class Sandbox:
                 "--new-session", "--tmpfs", self.root]
         for p in self._ro_paths():
             args += ["--ro-bind", p, p]
-        args += ["--bind", self.workdir, self.workdir]
+        for p in (self.workdir, *self.extra_rw):
+            args += ["--bind", p, p]
         args += ["--chdir", cwd or self.workdir, "--"]
         return args + list(cmd)
 
@@ -241,6 +243,32 @@ class Sandbox:
                                 preexec_fn=enter, **kwargs)
         self.procs.append(proc)
         return proc
+
+    def command(self, cmd: list[str], *, env: dict | None = None, cwd: str | None = None) -> list[str]:
+        """An argv that runs `cmd` in this sandbox when started by code we do not control (jupyter_client
+        starting a kernel): a short Python shim does what `popen` does before exec (its own session, the
+        cgroups, the file-size and core limits, the environment), then execs bubblewrap (or `cmd`)."""
+        spec = {"cgroups": self.cgroups.dirs, "memory": None if self.cgroups.active else self.memory_bytes,
+                "env": self.env(env), "argv": self.argv(cmd, cwd), "cwd": cwd or self.workdir}
+        n = next(_counter)
+        spec["log"] = os.path.join(self.workdir, f"launch-{n}.log")
+        path = os.path.join(self.workdir, f"launch-{n}.json")
+        import json
+
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(spec, f)
+        pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__import__("autograder").__file__)))
+        return [sys.executable, "-S", "-c", f"import sys; sys.path.insert(0, {pkg_parent!r}); "
+                "from autograder.sandbox import _launch; _launch(sys.argv[1])", path]
+
+    def kill_all(self) -> None:
+        """Kill every process this sandbox started (the ones `command` launched included, via the cgroups)."""
+        for p in self.procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.cgroups.kill_all()
 
     def run(self, cmd: list[str], *, timeout: float, env: dict | None = None, cwd: str | None = None,
             output_limit: int = 200_000) -> tuple[int | None, str]:
@@ -286,3 +314,38 @@ class Sandbox:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _launch(spec_path: str) -> None:
+    """The shim of `Sandbox.command` (runs in the new process, before exec): see there."""
+    import json
+
+    with open(spec_path, encoding="utf-8") as f:
+        spec = json.load(f)
+    try:
+        os.setsid()
+    except OSError:  # already a session leader (jupyter_client starts kernels in a new session)
+        pass
+    for limit_name, value in ((resource.RLIMIT_FSIZE, 2**30), (resource.RLIMIT_CORE, 0)):
+        try:
+            resource.setrlimit(limit_name, (value, value))
+        except (ValueError, OSError):
+            pass
+    for d in spec["cgroups"]:
+        try:
+            with open(os.path.join(d, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+        except OSError:
+            pass
+    if spec["memory"] is not None:
+        try:
+            resource.setrlimit(resource.RLIMIT_AS, (spec["memory"] * 2, spec["memory"] * 2))
+        except (ValueError, OSError):
+            pass
+    os.chdir(spec["cwd"])
+    if spec.get("log"):  # what the process prints is not the grader's output
+        fd = os.open(spec["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+    os.execvpe(spec["argv"][0], spec["argv"], spec["env"])

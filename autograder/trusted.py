@@ -27,6 +27,7 @@ and the threat model in the README says so.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import io
@@ -221,8 +222,6 @@ def _zygote_main(workdir: str, notebook_path: str, output_limit: int, skip_path:
     import torch  # noqa: F401 - before forking ranks (spec 6)
 
     import autograder.agreement  # noqa: F401 - dispatch-mode imports, paid once
-    from autograder import dist
-    from autograder.dist import _exception_record
 
     with open(notebook_path, encoding="utf-8") as f:
         nb = json.load(f)
@@ -243,10 +242,17 @@ def _zygote_main(workdir: str, notebook_path: str, output_limit: int, skip_path:
                 raise
             cell_errors.append({"cell": filename, "error": f"{type(exc).__name__}: {exc}"[:500]})
     _send(reply, {"ready": True, "cell_errors": cell_errors})
+    _serve(sys.stdin, reply, workdir, namespace)
 
+
+def _serve(requests, reply, workdir: str, namespace: dict) -> None:
+    """Answer the grader's requests (one JSON per line of `requests`) until it closes the channel."""
     import cloudpickle
 
-    for line in sys.stdin:
+    from autograder import dist
+    from autograder.dist import _exception_record
+
+    for line in requests:
         req = json.loads(line)
         rid = req["id"]
         out_path = os.path.join(workdir, f"res{rid}")
@@ -283,6 +289,39 @@ def _zygote_main(workdir: str, notebook_path: str, output_limit: int, skip_path:
             _send_json(out_path, {"type": type(exc).__name__, "message": str(exc)[:2000], "frames": [],
                                   "stub": "", "text": traceback.format_exc()[-4000:]})
             _send(reply, {"id": rid, "ok": False, "kind": "call"})
+
+
+def serve_kernel(socket_path: str, workdir: str, output_limit: int = 1_000_000) -> None:
+    """In the student's kernel, after nbgrader ran the notebook: be the zygote of the trusted run.
+
+    The kernel already holds what the zygote would build (the student's cells, run once, in order), so the
+    grader asks it instead of starting a second interpreter and running the cells again. Nothing changes for
+    trust: the grader takes only data from here, exactly as from a zygote. What ranks print while serving goes
+    to a capped log, not to the kernel's output channel.
+    """
+    import socket
+
+    global _NAMESPACE
+    namespace = get_ipython().user_ns  # noqa: F821 - run in the kernel by the grader
+    saved = sys.stdout, sys.stderr, os.dup(1), os.dup(2)
+    log = open(os.path.join(workdir, "serve.log"), "w", encoding="utf-8", errors="replace")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(socket_path)
+        requests, reply = sock.makefile("r", encoding="utf-8"), sock.makefile("w", encoding="utf-8")
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        sys.stdout = sys.stderr = _Capped(log, output_limit)
+        _NAMESPACE = namespace
+        _send(reply, {"ready": True, "cell_errors": []})
+        _serve(requests, reply, workdir, namespace)
+    finally:
+        _NAMESPACE = None
+        sys.stdout, sys.stderr = saved[0], saved[1]
+        os.dup2(saved[2], 1)
+        os.dup2(saved[3], 2)
+        sock.close()
+        log.close()
 
 
 class _Capped(io.TextIOBase):
@@ -332,7 +371,7 @@ class ZygoteClient:
     """The grader's handle on one submission's zygote (started in `sandbox`, if given)."""
 
     def __init__(self, notebook: dict, workdir: str, *, sandbox=None, start_timeout: float = 120.0,
-                 output_limit: int = 1_000_000, skip_cells=()):
+                 output_limit: int = 1_000_000, skip_cells=(), kernel: "KernelChannel | None" = None):
         self.workdir = workdir
         self.notebook_path = os.path.join(workdir, "submission.ipynb")
         with open(self.notebook_path, "w", encoding="utf-8") as f:
@@ -347,9 +386,27 @@ class ZygoteClient:
         self.cell_errors: list = []
         self._next = 0
         self._lines = None
+        self._writer = None
+        self.kernel = kernel  # the student's live nbgrader kernel, asked first (once: a restart is a zygote)
+        self._sock = None
 
     # -- life cycle -----------------------------------------------------------------
     def start(self) -> None:
+        if self.kernel is not None:
+            kernel, self.kernel = self.kernel, None
+            sock = kernel.connect()
+            if sock is not None:
+                self._sock = sock
+                self._lines = _LineReader(sock.makefile("rb"))
+                self._writer = sock.makefile("w", encoding="utf-8")
+                msg = self._lines.get(self.start_timeout)
+                if msg is not None and msg.get("ready"):
+                    kernel.served = True
+                    self.cell_errors = list(kernel.cell_errors)
+                    self._kill_kernel = kernel.kill
+                    return
+                self._close_socket()
+                kernel.kill()
         cmd = [sys.executable, "-c", "from autograder.trusted import _zygote_main; import sys; "
                "_zygote_main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4])",
                self.workdir, self.notebook_path, str(self.output_limit), self.skip_path]
@@ -364,6 +421,7 @@ class ZygoteClient:
                                          stderr=subprocess.DEVNULL, cwd=self.workdir, text=True,
                                          start_new_session=True)
         self._lines = _LineReader(self.proc.stdout)
+        self._writer = self.proc.stdin
         msg = self._lines.get(self.start_timeout)
         if msg is None or not msg.get("ready"):
             self.close()
@@ -371,7 +429,30 @@ class ZygoteClient:
                                f"{self.start_timeout:g} s (or its process died)")
         self.cell_errors = msg.get("cell_errors", [])
 
-    def close(self) -> None:
+    def _close_socket(self) -> None:
+        import socket
+
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)  # the kernel's serving loop and our reader both see the end
+        for f in (self._writer, self._sock):
+            try:
+                f.close()
+            except OSError:
+                pass
+        self._sock = self._writer = None
+
+    def _alive(self) -> bool:
+        if self._sock is not None:
+            return not self._lines.closed
+        return self.proc is not None and self.proc.poll() is None
+
+    def close(self, kill: bool = True) -> None:
+        """Stop the zygote; the student's kernel, when it served, only when `kill` (it stopped answering)."""
+        if self._sock is not None:
+            self._close_socket()
+            if kill:
+                self._kill_kernel()
+            return
         if self.proc is None:
             return
         if self.sandbox is not None:
@@ -394,13 +475,13 @@ class ZygoteClient:
 
     def __exit__(self, *exc):
         _CLIENT.pop("client", None)
-        self.close()
+        self.close(kill=False)
 
     # -- requests ---------------------------------------------------------------------
     def _request(self, op: str, payload, timeout: float):
         import cloudpickle
 
-        if self.proc is None or self.proc.poll() is not None:
+        if not self._alive():
             self.close()
             self.start()  # a previous request killed it: a fresh one for the next check
         self._next += 1
@@ -408,8 +489,8 @@ class ZygoteClient:
         with open(os.path.join(self.workdir, f"req{rid}.pkl"), "wb") as f:
             cloudpickle.dump(payload, f)
         try:
-            self.proc.stdin.write(json.dumps({"id": rid, "op": op}) + "\n")
-            self.proc.stdin.flush()
+            self._writer.write(json.dumps({"id": rid, "op": op}) + "\n")
+            self._writer.flush()
         except (BrokenPipeError, OSError):
             pass
         msg = self._lines.get(timeout)
@@ -422,10 +503,8 @@ class ZygoteClient:
                           f"(or its process died); it was stopped", "frames": [], "stub": ""}
         try:
             if msg.get("ok"):
-                with open(base + ".pt", "rb") as f:
-                    return safe_load(f.read()), None
-            with open(base + ".json", encoding="utf-8") as f:
-                err = json.load(f)
+                return safe_load(_read_own(base + ".pt")), None
+            err = json.loads(_read_own(base + ".json").decode("utf-8"))
             if not isinstance(err, dict):
                 raise ValueError("not a record")
             return None, err
@@ -455,6 +534,59 @@ class ZygoteClient:
         if err is None:
             return value
         raise remote_exception(err)
+
+
+def _read_own(path: str) -> bytes:
+    """A file the submission's process wrote, never through a link it planted (to a file only the grader
+    could read)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+class KernelChannel:
+    """The grader's way into the student's live kernel (see `serve_kernel`).
+
+    `execute(code)` sends code to the kernel without waiting; `failed()` is
+    true once the kernel answered that request with an error (the student's
+    code broke what it needs: then a zygote of its own serves instead);
+    `kill()` stops the kernel and everything it started.
+    """
+
+    def __init__(self, socket_dir: str, workdir: str, execute, failed, kill, *, cell_errors=(),
+                 timeout: float = 30.0):
+        self.socket_path = os.path.join(socket_dir, "zygote.sock")
+        self.workdir, self.execute, self.failed, self.kill = workdir, execute, failed, kill
+        self.cell_errors = list(cell_errors)
+        self.timeout = timeout
+        self.served = False  # whether the kernel answered (else a zygote of its own served)
+
+    def connect(self):
+        """The connected socket, or None if the kernel did not connect within the timeout."""
+        import socket
+
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.socket_path)
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            server.bind(self.socket_path)
+            server.listen(1)
+            server.settimeout(0.1)
+            self.execute(f"import autograder.trusted as __trusted; __trusted.serve_kernel({self.socket_path!r}, "
+                         f"{self.workdir!r}); del __trusted")
+            deadline = time.monotonic() + self.timeout
+            while time.monotonic() < deadline:
+                try:
+                    conn, _ = server.accept()
+                except TimeoutError:
+                    if self.failed():
+                        return None
+                    continue
+                conn.settimeout(None)
+                return conn
+            return None
+        finally:
+            server.close()
 
 
 class _LineReader:
@@ -562,11 +694,12 @@ def _exec_test(code: str, namespace: dict, label: str) -> tuple[bool, str]:
 
 
 def grade_notebook(submitted: dict, source: dict, *, workdir: str | None = None, sandbox=None,
-                   budget: float = 600.0) -> tuple[dict[str, CellVerdict], list]:
+                   budget: float = 600.0, kernel: KernelChannel | None = None) -> tuple[dict[str, CellVerdict], list]:
     """Trusted verdicts of every graded cell of `submitted` (dicts of the notebooks' JSON).
 
     Test cells come from `source` (hidden tests included); the student's
-    cells run only in the zygote. Returns (verdicts by grade id, the
+    cells run only in the zygote (the student's live kernel, if `kernel` is given and it answers; a fresh
+    interpreter in `sandbox` otherwise). Returns (verdicts by grade id, the
     student's cell errors). `budget` bounds the whole notebook (seconds).
     """
     from autograder import dist
@@ -583,7 +716,7 @@ def grade_notebook(submitted: dict, source: dict, *, workdir: str | None = None,
     try:
         released_free = {_src(c) for c in source["cells"] if c.get("cell_type") == "code" and not _meta(c)}
         client = ZygoteClient(copy.deepcopy(submitted), workdir, sandbox=sandbox, start_timeout=min(120.0, budget),
-                              skip_cells=released_free)
+                              skip_cells=released_free, kernel=kernel)
         try:
             client.__enter__()
         except RuntimeError as exc:
