@@ -6,7 +6,11 @@
 Generates submissions (the reference, the untouched release and every kept
 mutant of each assignment, repeated until there are `--total`), grades them
 in two scratch copies of the course, and prints:
-- wall time and time per submission of both, and the ratio;
+- wall time and time per submission of both, and the ratio; the machine's
+  busy CPU-seconds per submission during each (from /proc/stat: the machine
+  should be otherwise idle), which says how much work each does, apart from
+  how well it spreads over the cores; and, with `--jobs1`, the course's
+  command with one worker too (how much of the speed-up is parallelism);
 - whether every student's score per cell is the same under both (nbgrader's
   in-kernel verdict of the full source test cells against the trusted
   verdict: they must agree on these honest submissions);
@@ -82,11 +86,34 @@ def _nbgrader_scores(root: str) -> dict:
     return out
 
 
+def _busy_cpu_seconds() -> float | None:
+    """CPU-seconds the whole machine spent not idle so far (Linux /proc/stat); None elsewhere."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _ours(root: str, assignments: list[str], jobs: int) -> tuple[float, float | None]:
+    env = {**os.environ, "PYTHONPATH": root, "TORCH_CPP_LOG_LEVEL": "ERROR",
+           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+    c0, t0 = _busy_cpu_seconds(), time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "autograder.grade", "autograde", *assignments, "--jobs",
+                           str(jobs), "--quiet", "--force"], cwd=root, env=env, capture_output=True, text=True)
+    wall, c1 = time.monotonic() - t0, _busy_cpu_seconds()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return wall, (c1 - c0 if c0 is not None else None)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--assignments", nargs="+", default=["01_data_parallel", "02_tensor_parallel"])
     ap.add_argument("--total", type=int, default=40)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--jobs1", action="store_true", help="also time the course's command with one worker")
     args = ap.parse_args()
     subs = _submissions(args.assignments, args.total)
     print(f"{len(subs)} submissions of {', '.join(args.assignments)}; {os.cpu_count()} cores")
@@ -95,20 +122,19 @@ def main() -> None:
     t0 = time.monotonic()
     nbgrader(plain, "autograde", args.assignments[0], "--student=nobody-at-all")
     startup = time.monotonic() - t0
-    t0 = time.monotonic()
+    c0, t0 = _busy_cpu_seconds(), time.monotonic()
     for a in args.assignments:
         proc = nbgrader(plain, "autograde", a, "--force", timeout=24 * 3600)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    t_plain = time.monotonic() - t0
+    t_plain, cpu_plain = time.monotonic() - t0, _busy_cpu_seconds()
+    cpu_plain = cpu_plain - c0 if c0 is not None else None
 
     ours = _course(subs, args.assignments)
-    env = {**os.environ, "PYTHONPATH": ours, "TORCH_CPP_LOG_LEVEL": "ERROR",
-           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
-    t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "autograder.grade", "autograde", *args.assignments, "--jobs",
-                           str(args.jobs), "--quiet"], cwd=ours, env=env, capture_output=True, text=True)
-    t_ours = time.monotonic() - t0
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = []
+    if args.jobs1:
+        rows.append(("grade autograde --jobs 1", *_ours(ours, args.assignments, 1)))
+    t_ours, cpu_ours = _ours(ours, args.assignments, args.jobs)
+    rows.append((f"grade autograde --jobs {args.jobs}", t_ours, cpu_ours))
 
     a_scores, b_scores = _nbgrader_scores(plain), _nbgrader_scores(ours)
     differ = sorted(k for k in a_scores if a_scores[k] != b_scores.get(k))
@@ -118,9 +144,10 @@ def main() -> None:
             with open(os.path.join(ours, "graded", a, name)) as f:
                 timings.append(json.load(f).get("timings", {}))
     n = len(subs)
-    print(f"\n{'':34}{'wall':>10}{'per submission':>17}")
-    print(f"{'nbgrader autograde, sequential':34}{t_plain:9.0f}s{t_plain / n:16.1f}s")
-    print(f"{'grade autograde --jobs ' + str(args.jobs):34}{t_ours:9.0f}s{t_ours / n:16.1f}s")
+    print(f"\n{'':34}{'wall':>10}{'per submission':>17}{'busy CPU per submission':>26}")
+    for label, wall, cpu in [("nbgrader autograde, sequential", t_plain, cpu_plain)] + rows:
+        cpu_text = f"{cpu / n:25.1f}s" if cpu is not None else f"{'-':>26}"
+        print(f"{label:34}{wall:9.0f}s{wall / n:16.1f}s{cpu_text}")
     print(f"speed-up: {t_plain / t_ours:.2f}x")
     print(f"scores identical for every student and cell: {not differ}" + (f" (differ: {differ[:5]})" if differ else ""))
     print(f"\none submission in the course's command (median over {len(timings)}; seconds of one worker):")
@@ -129,6 +156,30 @@ def main() -> None:
         if vals:
             print(f"  {key:<12} {statistics.median(vals):6.1f}")
     print(f"  (nbgrader's own start-up, an autograde with nothing to grade: {startup:.1f} s)")
+    _cell_breakdown(plain, subs)
+
+
+def _cell_breakdown(root: str, subs) -> None:
+    """Each cell's time in plain nbgrader's run of the first reference submission (nbgrader records it)."""
+    import datetime
+
+    a, student, _ = next(s for s in subs if s[1].endswith("reference"))
+    folder = os.path.join(root, "autograded", student, a)
+    nb = nbformat.read(os.path.join(folder, os.listdir(folder)[0]), as_version=4)
+    rows = []
+    for cell in nb.cells:
+        ex = cell.get("metadata", {}).get("execution", {})
+        if cell.cell_type != "code" or "iopub.execute_input" not in ex:
+            continue
+        t = [datetime.datetime.fromisoformat(ex[k].replace("Z", "+00:00"))
+             for k in ("iopub.execute_input", "shell.execute_reply")]
+        name = cell.metadata.get("nbgrader", {}).get("grade_id") or "(free cell)"
+        rows.append(((t[1] - t[0]).total_seconds(), name, bool(cell.metadata.get("nbgrader", {}).get("grade"))))
+    print(f"\nplain nbgrader's run of {student} ({a}), {len(rows)} code cells, {sum(r[0] for r in rows):.1f} s:")
+    print(f"  test cells {sum(r[0] for r in rows if r[2]):.1f} s, the rest {sum(r[0] for r in rows if not r[2]):.1f} s; "
+          f"the slowest:")
+    for secs, name, _ in sorted(rows, reverse=True)[:6]:
+        print(f"  {name:<44} {secs:5.2f} s")
 
 
 if __name__ == "__main__":
