@@ -9,12 +9,16 @@ Two processes per submission:
   notebook as JSON, executes only the source notebook's test cells (the
   instructor's code, hidden tests included) with every name the student
   defines bound to a `StudentRef`, and decides every verdict itself;
-- the **zygote** (`python -m autograder.trusted`, started in the sandbox)
-  executes the notebook's given, answer and scratch cells once, then serves
-  the grader's requests: run a rank program on N ranks (it forks them, as
-  `run_distributed` does) or call a student function; it sends back only
-  data, which the grader loads with `torch.load(weights_only=True)` (tensors,
-  numbers, strings, containers and the ledger's records) or as JSON (errors).
+- the **zygote**, in the sandbox, holds the student's cells, run once, in
+  order, and serves the grader's requests. In the course's grading command
+  it is the student's own nbgrader kernel, asked once the last cell ran
+  (`serve_kernel`, over a Unix socket); otherwise, or when that kernel died,
+  hung or cannot serve, a fresh interpreter (`_zygote_main`) that executes
+  the notebook's given, answer and scratch cells first. Its requests: run a
+  rank program on N ranks (it forks them, as `run_distributed` does) or
+  call a student function; it sends back only data, which the grader loads
+  with `torch.load(weights_only=True)` (tensors, numbers, strings,
+  containers and the ledger's records) or as JSON (errors).
 
 Nothing the student's code does to Python objects can reach the grader: a
 patched check, a patched `run_distributed`, an IPython hook or an AST
@@ -406,7 +410,7 @@ class ZygoteClient:
                     self._kill_kernel = kernel.kill
                     return
                 self._close_socket()
-                kernel.kill()
+            kernel.kill()  # it did not serve: it holds memory and processes the zygote may need
         cmd = [sys.executable, "-c", "from autograder.trusted import _zygote_main; import sys; "
                "_zygote_main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4])",
                self.workdir, self.notebook_path, str(self.output_limit), self.skip_path]

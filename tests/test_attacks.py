@@ -49,6 +49,7 @@ class Case:
     expected: float = 0.0
     notebook: object = None  # a callable(course) -> the notebook (dict or raw text), instead of base + code
     reason: str = ""     # for a submission that cannot be graded: part of the reason
+    zygote: str = ""     # who served the trusted run: "the notebook's kernel" or "an interpreter of its own"
 
 
 CASES = [
@@ -142,6 +143,16 @@ CASES = [
          "try:\n    with open('big.bin', 'wb') as _f:\n        for _ in range(40):\n"
          "            _f.write(b'0' * 100_000_000)\nexcept OSError as _e:\n    print('write stopped:', _e)", 12),
     Case("hidden_test_marker_in_a_comment", "reference", "# ### BEGIN HIDDEN TESTS\n# ### END HIDDEN TESTS", 12),
+    # -- the live kernel serves the trusted run: one that cannot, or lies, changes nothing ---------------------
+    Case("breaks_the_kernels_serving", "reference", "import sys as _s\n_s.modules['autograder.trusted'] = None", 12,
+         zygote="an interpreter of its own"),
+    Case("serving_never_answers", "reference",
+         "import autograder.trusted as _t\n_t.serve_kernel = lambda *a, **k: __import__('time').sleep(10**6)", 12,
+         zygote="an interpreter of its own"),
+    Case("serving_claims_every_request_succeeded", "untouched",
+         "import autograder.trusted as _t, json as _j\n"
+         "def _forged(stream, message):\n    stream.write(_j.dumps({**message, 'ok': True}) + '\\n')\n"
+         "    stream.flush()\n_t._send = _forged", 0, zygote="the notebook's kernel"),
     # -- the notebook file ---------------------------------------------------------------------------------
     Case("test_cell_marked_not_graded", "untouched",
          notebook=lambda course: _retag(release(course), "test_copy_to_region", grade=False)),
@@ -226,6 +237,8 @@ def test_each_case_gets_its_honest_score(graded, case):
         return
     assert rec["status"] == "graded", rec["reason"]
     assert rec["score"] == case.expected, (rec["score"], [(c["grade_id"], c["message"][:300]) for c in rec["cells"]])
+    if case.zygote:
+        assert rec["trusted_zygote"] == case.zygote, rec["trusted_zygote"]
     feedback = os.path.join(course, "feedback", _student(case), A, notebook_name(course).replace(".ipynb", ".html"))
     assert os.path.exists(feedback), "no feedback"
     html = open(feedback, encoding="utf-8").read()
@@ -249,6 +262,8 @@ def _secrets(course: str) -> list[str]:
 def test_the_honest_reference_among_them_gets_full_marks(graded):
     _, recs, _, _ = graded
     assert recs["honest-reference"]["score"] == 12
+    # the fast path: nbgrader's kernel, still alive after the last cell, served the trusted run
+    assert recs["honest-reference"]["trusted_zygote"] == "the notebook's kernel"
 
 
 def test_nothing_is_left_behind_and_nothing_changes_afterwards(graded):

@@ -29,3 +29,33 @@ def one_thread(check):
         finally:
             torch.set_num_threads(threads)
     return wrapper
+
+
+def expect_value_errors(results: list, cases: list[tuple[str, list]], world_size: int) -> None:
+    """The verdict of an argument-error check, from what its rank program returned.
+
+    `cases`: (label, the strings its message must contain) per invalid call;
+    `results[rank][i]`: {"error": (type name, message) or None, "records": the
+    ledger's records of that call}. On every rank each call must raise
+    ValueError (not another error, not nothing), before any communication,
+    and its message must name the sizes involved.
+    """
+    from autograder.compare import CheckFailure
+    from autograder.ledger import format_trace
+
+    for i, (label, must_mention) in enumerate(cases):
+        for rank in range(world_size):
+            res = results[rank][i]
+            if res["error"] is None:
+                raise CheckFailure(f"rank {rank}: {label}: expected ValueError, nothing was raised.")
+            kind, msg = res["error"]
+            if kind != "ValueError":
+                raise CheckFailure(f"rank {rank}: {label}: expected ValueError, got {kind}: {msg}")
+            comm = [r for r in res["records"] if r.op != "wait"]
+            if comm:
+                raise CheckFailure(f"rank {rank}: {label}: ValueError raised only after communicating; "
+                                   f"validate before any collective:\n{format_trace(comm, rank)}")
+            absent = [s for s in must_mention if s not in msg]
+            if absent:
+                raise CheckFailure(f"rank {rank}: {label}: the ValueError should name the sizes involved "
+                                   f"({', '.join(must_mention)}); its message was: {msg!r}")

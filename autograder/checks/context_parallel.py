@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
+from autograder.checks import expect_value_errors
 from autograder.compare import CheckFailure, Findings, assert_close, dtype_name, fmt_shape, tolerance
 from autograder.dist import DistributedError, rank_device, run_distributed
 from autograder.ledger import CommLedger, check_consistent, expect_no_comm, format_trace
@@ -1145,19 +1146,4 @@ def check_ulysses_errors(ulysses_attention, seq_all_to_all, *, world_size: int =
     impls = {"ulysses_attention": ulysses_attention, "seq_all_to_all": seq_all_to_all}
     results = run_distributed(_ulysses_errors_rank, w, args=(impls, cases, backend), timeout=timeout,
                               backend=backend)
-    for i, (label, _, _, _, must_mention) in enumerate(cases):
-        for rank in range(w):
-            res = results[rank][i]
-            if res["error"] is None:
-                raise CheckFailure(f"rank {rank}: {label}: expected ValueError, nothing was raised.")
-            kind, msg = res["error"]
-            if kind != "ValueError":
-                raise CheckFailure(f"rank {rank}: {label}: expected ValueError, got {kind}: {msg}")
-            comm = [r for r in res["records"] if r.op != "wait"]
-            if comm:
-                raise CheckFailure(f"rank {rank}: {label}: ValueError raised only after communicating; validate "
-                                   f"before any collective:\n{format_trace(comm, rank)}")
-            absent = [s for s in must_mention if s not in msg]
-            if absent:
-                raise CheckFailure(f"rank {rank}: {label}: the ValueError should name the sizes involved "
-                                   f"({', '.join(must_mention)}); its message was: {msg!r}")
+    expect_value_errors(results, [(label, must_mention) for label, _, _, _, must_mention in cases], w)

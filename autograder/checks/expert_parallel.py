@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from autograder.checks import expect_value_errors
 from autograder.compare import CheckFailure, Findings, assert_close, dtype_name, fmt_shape
 from autograder.dist import rank_device, run_distributed
 from autograder.ledger import CommLedger, check_consistent, expect_no_comm, format_trace
@@ -835,22 +836,7 @@ def check_argument_errors(impls: dict, *, world_size: int = 2, backend: str = "g
         raise ValueError(f"check_argument_errors: impls lacks {', '.join(missing)}")
     results = run_distributed(_error_rank, world_size, args=(impls, cases, backend), timeout=timeout,
                               backend=backend)
-    for i, (label, _, _, must_mention) in enumerate(cases):
-        for rank in range(world_size):
-            res = results[rank][i]
-            if res["error"] is None:
-                raise CheckFailure(f"rank {rank}: {label}: expected ValueError, nothing was raised.")
-            kind, msg = res["error"]
-            if kind != "ValueError":
-                raise CheckFailure(f"rank {rank}: {label}: expected ValueError, got {kind}: {msg}")
-            comm = [r for r in res["records"] if r.op != "wait"]
-            if comm:
-                raise CheckFailure(f"rank {rank}: {label}: ValueError raised only after communicating; "
-                                   f"validate before any collective:\n{format_trace(comm, rank)}")
-            absent = [s for s in must_mention if s not in msg]
-            if absent:
-                raise CheckFailure(f"rank {rank}: {label}: the ValueError should name the sizes involved "
-                                   f"({', '.join(must_mention)}); its message was: {msg!r}")
+    expect_value_errors(results, [(label, must_mention) for label, _, _, must_mention in cases], world_size)
 
 
 # ---------------------------------------------------------------------------
