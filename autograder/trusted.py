@@ -558,7 +558,7 @@ class KernelChannel:
     """
 
     def __init__(self, socket_dir: str, workdir: str, execute, failed, kill, *, cell_errors=(),
-                 timeout: float = 30.0):
+                 timeout: float = 10.0):
         self.socket_path = os.path.join(socket_dir, "zygote.sock")
         self.workdir, self.execute, self.failed, self.kill = workdir, execute, failed, kill
         self.cell_errors = list(cell_errors)
@@ -733,10 +733,22 @@ def grade_notebook(submitted: dict, source: dict, *, workdir: str | None = None,
         try:
             namespace: dict = {"__name__": "__grader__"}
             for c in setup:  # the set-up cells bind the checks, exactly as the notebook does
-                ok, msg = _exec_test(_src(c), namespace, f"<setup {_meta(c).get('grade_id')}>")
-                if not ok:
-                    raise RuntimeError(f"the source notebook's set-up cell {_meta(c).get('grade_id')} failed "
-                                       f"in the grader: {msg}")
+                gid = _meta(c).get("grade_id")
+                try:
+                    exec(compile(_src(c), f"<setup {gid}>", "exec"), namespace)  # noqa: S102 - instructor code
+                except (dist.DistributedError, RemoteError) as exc:
+                    # a given cell that runs code in the student's process (a worked example) failed there:
+                    # the notebook broke what the course's own cells need (in the student's kernel too)
+                    why = (f"not graded: the course's given cell {gid} failed when run with this notebook's "
+                           f"code: {str(exc).splitlines()[0][:500]}")
+                    for t in tests:
+                        m = _meta(t)
+                        verdicts[m["grade_id"]] = CellVerdict(m["grade_id"], False, 0.0, float(m.get("points", 0)),
+                                                              why, False)
+                    return verdicts, client.cell_errors
+                except Exception as exc:  # noqa: BLE001 - the instructor's cell itself is broken
+                    raise RuntimeError(f"the source notebook's set-up cell {gid} failed in the grader: "
+                                       f"{type(exc).__name__}: {exc}") from exc
             given = set(namespace)
             for name in _student_names(submitted) - given:
                 namespace[name] = StudentRef(name)

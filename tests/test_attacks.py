@@ -144,8 +144,12 @@ CASES = [
          "            _f.write(b'0' * 100_000_000)\nexcept OSError as _e:\n    print('write stopped:', _e)", 12),
     Case("hidden_test_marker_in_a_comment", "reference", "# ### BEGIN HIDDEN TESTS\n# ### END HIDDEN TESTS", 12),
     # -- the live kernel serves the trusted run: one that cannot, or lies, changes nothing ---------------------
-    Case("breaks_the_kernels_serving", "reference", "import sys as _s\n_s.modules['autograder.trusted'] = None", 12,
+    Case("breaks_the_kernels_serving", "reference", "import autograder.trusted as _t\n_t.serve_kernel = None", 12,
          zygote="an interpreter of its own"),
+    # the course's runner, broken in the notebook's own processes: the given cells that run code fail there
+    # (as in the student's kernel), and the notebook scores 0, with the reason, not a grader error
+    Case("breaks_the_course_runner_it_runs_on", "reference",
+         "import sys as _s\n_s.modules['autograder.trusted'] = None", 0, zygote="an interpreter of its own"),
     Case("serving_never_answers", "reference",
          "import autograder.trusted as _t\n_t.serve_kernel = lambda *a, **k: __import__('time').sleep(10**6)", 12,
          zygote="an interpreter of its own"),
