@@ -31,14 +31,16 @@ def one_thread(check):
     return wrapper
 
 
-def expect_value_errors(results: list, cases: list[tuple[str, list]], world_size: int) -> None:
+def expect_value_errors(results: list, cases: list[tuple[str, list]], world_size: int, *,
+                        communication: str = "any collective") -> None:
     """The verdict of an argument-error check, from what its rank program returned.
 
     `cases`: (label, the strings its message must contain) per invalid call;
     `results[rank][i]`: {"error": (type name, message) or None, "records": the
     ledger's records of that call}. On every rank each call must raise
     ValueError (not another error, not nothing), before any communication,
-    and its message must name the sizes involved.
+    and its message must name the sizes involved. `communication`: what it
+    must come before, in the message ("any send or receive" for P2P code).
     """
     from autograder.compare import CheckFailure
     from autograder.ledger import format_trace
@@ -54,7 +56,7 @@ def expect_value_errors(results: list, cases: list[tuple[str, list]], world_size
             comm = [r for r in res["records"] if r.op != "wait"]
             if comm:
                 raise CheckFailure(f"rank {rank}: {label}: ValueError raised only after communicating; "
-                                   f"validate before any collective:\n{format_trace(comm, rank)}")
+                                   f"validate before {communication}:\n{format_trace(comm, rank)}")
             absent = [s for s in must_mention if s not in msg]
             if absent:
                 raise CheckFailure(f"rank {rank}: {label}: the ValueError should name the sizes involved "

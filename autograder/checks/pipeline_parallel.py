@@ -46,6 +46,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from autograder.checks import expect_value_errors
 from autograder.compare import CheckFailure, Findings, assert_close, dtype_name, fmt_shape
 from autograder.dist import DistributedError, rank_device, run_distributed
 from autograder.ledger import CommLedger, format_trace
@@ -724,20 +725,8 @@ def check_run_pipeline_errors(run_pipeline, *, world_size: int = 2, backend: str
                 raise
             raise CheckFailure(f"run_pipeline with {label}: expected ValueError on every rank before any "
                                f"communication; instead the run failed:\n{exc}") from None
-        for rank, res in enumerate(results):
-            if res["error"] is None:
-                raise CheckFailure(f"rank {rank}: run_pipeline with {label}: expected ValueError, nothing was raised.")
-            kind_, msg = res["error"]
-            if kind_ != "ValueError":
-                raise CheckFailure(f"rank {rank}: run_pipeline with {label}: expected ValueError, got {kind_}: {msg}")
-            comm = [r for r in res["records"] if r.op != "wait"]
-            if comm:
-                raise CheckFailure(f"rank {rank}: run_pipeline with {label}: ValueError raised only after "
-                                   f"communicating; validate before any send or receive:\n{format_trace(comm, rank)}")
-            absent = [x for x in must if x not in msg]
-            if absent:
-                raise CheckFailure(f"rank {rank}: run_pipeline with {label}: the ValueError should name the sizes "
-                                   f"({', '.join(must)}); its message was: {msg!r}")
+        expect_value_errors([[res] for res in results], [(f"run_pipeline with {label}", list(must))], world_size,
+                            communication="any send or receive")
 
 
 # ---------------------------------------------------------------------------
