@@ -735,7 +735,8 @@ def grade_notebook(submitted: dict, source: dict, *, workdir: str | None = None,
             for c in setup:  # the set-up cells bind the checks, exactly as the notebook does
                 gid = _meta(c).get("grade_id")
                 try:
-                    exec(compile(_src(c), f"<setup {gid}>", "exec"), namespace)  # noqa: S102 - instructor code
+                    with contextlib.redirect_stdout(io.StringIO()):  # what a worked example prints is not ours
+                        exec(compile(_src(c), f"<setup {gid}>", "exec"), namespace)  # noqa: S102 - instructor code
                 except (dist.DistributedError, RemoteError) as exc:
                     # a given cell that runs code in the student's process (a worked example) failed there:
                     # the notebook broke what the course's own cells need (in the student's kernel too)

@@ -70,6 +70,9 @@ def test_parallel_grading_gives_the_sequential_scores_and_regrades_only_changes(
     assert gradebook(course) == seq_book
     assert "4 graded" in proc.stdout
     assert "graded tensor_parallel_lab-Copy1.ipynb as tensor_parallel_lab.ipynb" in proc.stdout  # a warning, graded
+    # the command prints its own lines only: nothing a check, a worked example or a student's kernel printed
+    for stray in (": passed", "ipython kernel", "To connect another client"):
+        assert stray not in proc.stdout + proc.stderr, f"{stray!r} in the command's output:\n{proc.stdout[-3000:]}"
     for student in ("alice", "bob", "carol", "dave"):
         html = open(os.path.join(course, "feedback", student, A, "tensor_parallel_lab.html"), encoding="utf-8").read()
         assert course not in html and "/tmp/" not in html, f"the feedback of {student} shows a path of this machine"
