@@ -361,8 +361,6 @@ def _grade_into(record: dict, job: dict, work: str) -> None:
         record["nbgrader_log"] = scrub_paths(str(result.get("error") or "") + str(result.get("log") or ""),
                                              work, root, job["workbase"])[-4000:]
     verdicts, cell_errors = session.trusted
-    if kernel_nb is not None and session.served:
-        cell_errors = _kernel_cell_errors(kernel_nb)
     trusted_time = session.timings.get("trusted_run", 0.0)
     record["timings"]["kernel_run"] = round(time.monotonic() - t0 - trusted_time, 2)
     record["timings"]["trusted_run"] = round(trusted_time, 2)
@@ -407,6 +405,8 @@ def _kernel_env(root: str) -> dict:
 
 def _kernel_cell_errors(nb: dict) -> list:
     """The errors of the student's own cells in nbgrader's run (what the zygote reports when it runs them)."""
+    from autograder.trusted import _cell_filename
+
     out = []
     for i, cell in enumerate(nb.get("cells", [])):
         meta = _meta(cell)
@@ -414,9 +414,7 @@ def _kernel_cell_errors(nb: dict) -> list:
             continue
         for o in cell.get("outputs", []):
             if o.get("output_type") == "error":
-                name = f"<answer cell {meta.get('grade_id')}>" if meta.get("solution") else \
-                    f"<cell {meta.get('grade_id') or i}>"
-                out.append({"cell": name, "error": f"{o.get('ename')}: {o.get('evalue')}"[:500]})
+                out.append({"cell": _cell_filename(meta, i), "error": f"{o.get('ename')}: {o.get('evalue')}"[:500]})
     return out
 
 

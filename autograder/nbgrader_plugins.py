@@ -90,24 +90,17 @@ class SandboxedExecute(Execute):
     Outside the grading command (no session) it is nbgrader's Execute."""
 
     def preprocess(self, nb, resources=None, km=None):
-        session = SESSION.get("current")
-        if session is None:
-            return super().preprocess(nb, resources, km)
-        from nbclient import NotebookClient
+        if SESSION.get("current") is not None:
+            self.kernel_manager_class = SandboxedKernelManager
+            self.shutdown_kernel = "immediate"  # the sandbox is torn down next: no 2 s of interpreter finalisation
+        return super().preprocess(nb, resources, km)
 
-        self.kernel_manager_class = SandboxedKernelManager
-        self.shutdown_kernel = "immediate"  # the sandbox is torn down next: no 2 s of interpreter finalisation
-        NotebookClient.__init__(self, nb, km)
-        self.reset_execution_trackers()
-        self._check_assign_resources(resources)
-        with self.setup_kernel():
-            info_msg = self.wait_for_reply(self.kc.kernel_info())
-            self.nb.metadata["language_info"] = info_msg["content"]["language_info"]
-            for index, cell in enumerate(self.nb.cells):
-                self.preprocess_cell(cell, resources, index)
+    def preprocess_cell(self, cell, resources, index):
+        cell, resources = super().preprocess_cell(cell, resources, index)
+        session = SESSION.get("current")
+        if session is not None and index == len(self.nb.cells) - 1:  # the kernel still lives here
             session.after_cells(self)
-        self.set_widgets_metadata()
-        return self.nb, self.resources
+        return cell, resources
 
     def output(self, outs, msg, display_id, cell_index):
         """Keep at most `SESSION['current'].output_limit` characters of output in the worker's memory (a

@@ -107,15 +107,6 @@ class _Cgroups:
     def active(self) -> bool:
         return bool(self.dirs)
 
-    def enter(self) -> None:
-        """Called in the child before exec: move this process (and so its descendants) into the cgroups."""
-        for d in self.dirs:
-            try:
-                with open(os.path.join(d, "cgroup.procs"), "w") as f:
-                    f.write(str(os.getpid()))
-            except OSError:
-                pass
-
     def pids(self) -> set[int]:
         out: set[int] = set()
         for d in self.dirs:
@@ -222,22 +213,10 @@ class Sandbox:
         return env
 
     def popen(self, cmd: list[str], *, env: dict | None = None, cwd: str | None = None, **kwargs):
-        cgroups, limit = self.cgroups, self.memory_bytes
+        cgroup_dirs, limit = self.cgroups.dirs, None if self.cgroups.active else self.memory_bytes
 
         def enter():
-            os.setsid()
-            for limit_name, value in ((resource.RLIMIT_FSIZE, 2**30), (resource.RLIMIT_CORE, 0)):
-                try:  # one file at most 1 GiB (Python gets EFBIG, an OSError: SIGXFSZ is ignored); no core dumps
-                    resource.setrlimit(limit_name, (value, value))
-                except (ValueError, OSError):
-                    pass
-            if cgroups.active:
-                cgroups.enter()
-            elif limit is not None:  # no cgroups: bound each process's address space instead
-                try:
-                    resource.setrlimit(resource.RLIMIT_AS, (limit * 2, limit * 2))
-                except (ValueError, OSError):
-                    pass
+            _enter_limits(cgroup_dirs, limit)
 
         proc = subprocess.Popen(self.argv(cmd, cwd), env=self.env(env), cwd=cwd or self.workdir,
                                 preexec_fn=enter, **kwargs)
@@ -316,12 +295,10 @@ class Sandbox:
         self.close()
 
 
-def _launch(spec_path: str) -> None:
-    """The shim of `Sandbox.command` (runs in the new process, before exec): see there."""
-    import json
-
-    with open(spec_path, encoding="utf-8") as f:
-        spec = json.load(f)
+def _enter_limits(cgroup_dirs: list[str], memory_bytes: int | None) -> None:
+    """In a new process, before it execs the submission's command: a session of its own, at most 1 GiB per
+    file (Python gets EFBIG, an OSError: SIGXFSZ is ignored), no core dumps, and the submission's cgroups
+    (its descendants follow) or, without cgroups, a bound on its address space (`memory_bytes`)."""
     try:
         os.setsid()
     except OSError:  # already a session leader (jupyter_client starts kernels in a new session)
@@ -331,17 +308,26 @@ def _launch(spec_path: str) -> None:
             resource.setrlimit(limit_name, (value, value))
         except (ValueError, OSError):
             pass
-    for d in spec["cgroups"]:
+    for d in cgroup_dirs:
         try:
             with open(os.path.join(d, "cgroup.procs"), "w") as f:
                 f.write(str(os.getpid()))
         except OSError:
             pass
-    if spec["memory"] is not None:
+    if memory_bytes is not None:
         try:
-            resource.setrlimit(resource.RLIMIT_AS, (spec["memory"] * 2, spec["memory"] * 2))
+            resource.setrlimit(resource.RLIMIT_AS, (memory_bytes * 2, memory_bytes * 2))
         except (ValueError, OSError):
             pass
+
+
+def _launch(spec_path: str) -> None:
+    """The shim of `Sandbox.command` (runs in the new process, before exec): see there."""
+    import json
+
+    with open(spec_path, encoding="utf-8") as f:
+        spec = json.load(f)
+    _enter_limits(spec["cgroups"], spec["memory"])
     os.chdir(spec["cwd"])
     if spec.get("log"):  # what the process prints is not the grader's output
         fd = os.open(spec["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)

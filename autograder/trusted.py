@@ -697,6 +697,12 @@ def _exec_test(code: str, namespace: dict, label: str) -> tuple[bool, str]:
         return False, "".join(traceback.format_exception_only(type(exc), exc)).strip()
 
 
+def _not_graded(tests: list, why: str) -> dict[str, CellVerdict]:
+    """Every test cell failed, for one reason, before any check could run."""
+    return {_meta(c)["grade_id"]: CellVerdict(_meta(c)["grade_id"], False, 0.0, float(_meta(c).get("points", 0)),
+                                              why, False) for c in tests}
+
+
 def grade_notebook(submitted: dict, source: dict, *, workdir: str | None = None, sandbox=None,
                    budget: float = 600.0, kernel: KernelChannel | None = None) -> tuple[dict[str, CellVerdict], list]:
     """Trusted verdicts of every graded cell of `submitted` (dicts of the notebooks' JSON).
@@ -724,11 +730,7 @@ def grade_notebook(submitted: dict, source: dict, *, workdir: str | None = None,
         try:
             client.__enter__()
         except RuntimeError as exc:
-            for c in tests:
-                m = _meta(c)
-                verdicts[m["grade_id"]] = CellVerdict(m["grade_id"], False, 0.0, float(m.get("points", 0)),
-                                                      f"not graded: {exc}", False)
-            return verdicts, []
+            return _not_graded(tests, f"not graded: {exc}"), []
         dist.set_executor(client)
         try:
             namespace: dict = {"__name__": "__grader__"}
@@ -740,13 +742,9 @@ def grade_notebook(submitted: dict, source: dict, *, workdir: str | None = None,
                 except (dist.DistributedError, RemoteError) as exc:
                     # a given cell that runs code in the student's process (a worked example) failed there:
                     # the notebook broke what the course's own cells need (in the student's kernel too)
-                    why = (f"not graded: the course's given cell {gid} failed when run with this notebook's "
-                           f"code: {str(exc).splitlines()[0][:500]}")
-                    for t in tests:
-                        m = _meta(t)
-                        verdicts[m["grade_id"]] = CellVerdict(m["grade_id"], False, 0.0, float(m.get("points", 0)),
-                                                              why, False)
-                    return verdicts, client.cell_errors
+                    return _not_graded(tests, f"not graded: the course's given cell {gid} failed when run with "
+                                              f"this notebook's code: {str(exc).splitlines()[0][:500]}"), \
+                        client.cell_errors
                 except Exception as exc:  # noqa: BLE001 - the instructor's cell itself is broken
                     raise RuntimeError(f"the source notebook's set-up cell {gid} failed in the grader: "
                                        f"{type(exc).__name__}: {exc}") from exc

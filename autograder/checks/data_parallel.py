@@ -34,9 +34,6 @@ __all__ = ["ToyNet", "check_broadcast_module_states", "check_all_reduce_gradient
            "plot_memory_ledger", "ddp_timeline", "plot_ddp_timeline"]
 
 
-_one_thread = one_thread  # (autograder.checks.one_thread)
-
-
 # ---------------------------------------------------------------------------
 # The toy model and helpers shared by the rank programs
 # ---------------------------------------------------------------------------
@@ -157,7 +154,7 @@ def _broadcast_rank(rank, world_size, fn, model_kw, seed, backend):
     return {"state": {k: v.cpu() for k, v in model.state_dict().items()}, "comm": ledger.records}
 
 
-@_one_thread
+@one_thread
 def check_broadcast_module_states(fn, *, world_size=2, dims=(5, 7, 3), frozen=True, seed=0, backend="gloo"):
     """After fn(model, group=...) every rank holds rank 0's parameters (frozen ones included)."""
     model_kw = dict(dims=dims, frozen=frozen)
@@ -182,7 +179,7 @@ def _all_reduce_rank(rank, world_size, fn, model_kw, state, dtype, x, y, batch, 
     return {"grads": _grads(model), "comm": ledger.records}
 
 
-@_one_thread
+@one_thread
 def check_all_reduce_gradients(fn, *, world_size=2, dims=(5, 7, 3), batch=3, dtype=torch.float64,
                                unused=False, frozen=False, tied=False, seed=0, backend="gloo"):
     """Every rank's grads equal the grads of the global-batch mean loss (mean of local means)."""
@@ -321,7 +318,7 @@ def _run_ddp(ddp_cls, world_size, dims, batch, bucket_cap_mb, unused, frozen, ti
     return outs, _grads(model), model
 
 
-@_one_thread
+@one_thread
 def _ddp_broadcast_rank(rank, world_size, ddp_cls, model_kw, seed, backend):
     torch.manual_seed(seed + 1000 * rank)  # every rank starts from different weights
     model = ToyNet(**model_kw).to(torch.float64).to(rank_device(rank, backend))
@@ -344,7 +341,7 @@ def check_ddp_broadcast(ddp_cls, *, world_size=2, dims=(5, 7, 3), frozen=True, s
     check_consistent([o["comm"] for o in outs], context="BucketedDDP broadcast")
 
 
-@_one_thread
+@one_thread
 def check_ddp_gradients(ddp_cls, *, world_size=2, dims=(5, 7, 3), batch=3, bucket_cap_mb=25.0, unused=False,
                         frozen=False, tied=False, mixed=False, dtype=torch.float64, seed=0, late_rank=False,
                         backend="gloo"):
@@ -373,7 +370,7 @@ def _bucket_report(buckets, model):
                      f"{dtype_name(params[b[0]].dtype)})" for i, b in enumerate(buckets))
 
 
-@_one_thread
+@one_thread
 def check_ddp_buckets(ddp_cls, *, world_size=2, dims=(5, 7, 3), batch=3, bucket_cap_mb=25.0, unused=False,
                       frozen=False, tied=False, mixed=False, dtype=torch.float64, seed=0, backend="gloo"):
     """One async all-reduce per bucket, of the bucket's size and dtype, in bucket order, all in backward.
@@ -427,7 +424,7 @@ def check_ddp_buckets(ddp_cls, *, world_size=2, dims=(5, 7, 3), batch=3, bucket_
     check_consistent([o["comm"] for o in outs], context="BucketedDDP buckets")
 
 
-@_one_thread
+@one_thread
 def check_ddp_no_sync(ddp_cls, *, world_size=2, dims=(5, 7, 3), batch=3, micro_steps=3, bucket_cap_mb=25.0,
                       unused=False, dtype=torch.float64, seed=0, backend="gloo"):
     """Inside no_sync() nothing is communicated; the last micro-step all-reduces the accumulated grads.
@@ -453,7 +450,7 @@ def check_ddp_no_sync(ddp_cls, *, world_size=2, dims=(5, 7, 3), batch=3, micro_s
 # zero_bytes_per_param
 # ---------------------------------------------------------------------------
 
-@_one_thread
+@one_thread
 def check_zero_bytes_per_param(fn, *, cases=None):
     """The ZeRO memory ledger: p+g+o, p+g+o/d, p+(g+o)/d, (p+g+o)/d bytes per parameter for stages 0-3."""
     cases = cases or [(s, d, {}) for s in range(4) for d in (1, 8)]
@@ -612,7 +609,7 @@ def _zero_ctx(optimizer_class, groups, world_size, lrs):
     return f"{optimizer_class.__name__}{g}, world size {world_size}, {len(lrs)} step(s)"
 
 
-@_one_thread
+@one_thread
 def check_zero_matches_optimizer(opt_cls, *, world_size=2, dims=(5, 7, 3), batch=3, lrs=(1e-2, 1e-2, 1e-2),
                                  optimizer_class=torch.optim.AdamW, param_groups=None, unused=False, frozen=False,
                                  tied=False, dtype=torch.float64, seed=0, backend="gloo"):
@@ -636,7 +633,7 @@ def check_zero_matches_optimizer(opt_cls, *, world_size=2, dims=(5, 7, 3), batch
     check_consistent([o["comm"] for o in outs], context="ZeroShardedOptimizer.step")
 
 
-@_one_thread
+@one_thread
 def check_zero_state_sharded(opt_cls, *, world_size=2, dims=(5, 7, 3), batch=3, steps=2,
                              optimizer_class=torch.optim.AdamW, param_groups=None, unused=False, frozen=False,
                              tied=False, dtype=torch.float64, seed=0, backend="gloo"):
@@ -694,7 +691,7 @@ def param_groups_order(model, groups):
     return [g["params"] for g in params] if groups is not None else [params]
 
 
-@_one_thread
+@one_thread
 def check_zero_comm(opt_cls, *, world_size=2, dims=(5, 7, 3), batch=3, steps=2, optimizer_class=torch.optim.AdamW,
                     param_groups=None, unused=False, frozen=False, tied=False, dtype=torch.float64, seed=0,
                     backend="gloo"):
@@ -730,7 +727,7 @@ def _rounding_rank(rank, world_size, opt_cls, optimizer_class, params, grads, fl
     return [p.detach().cpu() for p in ps]
 
 
-@_one_thread
+@one_thread
 def check_zero_rounding(opt_cls, *, world_size=2, shapes=((3, 5), (7,), (1,), (2, 2), (4,)),
                         flags=("", "late", "unused", "", "frozen"), lrs=(1e-2, 3e-3, 1e-2),
                         optimizer_class=torch.optim.AdamW, seed=0, backend="gloo"):

@@ -44,9 +44,6 @@ __all__ = ["MixedPrecisionPolicy", "RMSNorm", "Block", "TinyTransformer", "Linea
            "check_fsdp_mixed_precision", "check_gather_full_params"]
 
 
-_one_thread = one_thread  # (autograder.checks.one_thread)
-
-
 # (rtol, atol) of a model computed in bfloat16/float16 against the float32 reference, for its outputs,
 # gradients and trained shards. Measured on the reference implementation over world sizes 1, 2, 4, seeds
 # 0-3 and both models: at these rtols it needs atol 0.039 (bfloat16) and 0.0059 (float16), the outputs
@@ -476,7 +473,7 @@ def _expected_flat(ref, names, size):
 # The graded checks
 # ---------------------------------------------------------------------------
 
-@_one_thread
+@one_thread
 def check_fsdp_numerics(shard_fn, *, world_size=2, kind="transformer", model=None, batch=2, steps=2,
                         dtype=torch.float64, reshard=True, seed=0, backend="gloo"):
     """Outputs of every step, each rank's averaged shard gradients and the trained shards match one process.
@@ -522,7 +519,7 @@ def check_fsdp_numerics(shard_fn, *, world_size=2, kind="transformer", model=Non
     check_consistent([o["comm"] for o in outs], context="fully_shard")
 
 
-@_one_thread
+@one_thread
 def check_fsdp_comm(shard_fn, *, world_size=2, kind="transformer", model=None, batch=2, reshard=True, mp=None,
                     dtype=torch.float64, seed=0, backend="gloo"):
     """Per unit and step: forward 1 all-gather, backward 1 all-gather (none when reshard_after_forward=False)
@@ -546,7 +543,7 @@ def check_fsdp_comm(shard_fn, *, world_size=2, kind="transformer", model=None, b
     check_consistent([o["comm"] for o in outs], context="fully_shard")
 
 
-@_one_thread
+@one_thread
 def check_fsdp_memory(shard_fn, *, world_size=2, kind="transformer", model=None, batch=2, reshard=True,
                       dtype=torch.float64, seed=0, backend="gloo"):
     """At rest a rank holds its shards only; no gathered parameter survives forward (resharding) or backward.
@@ -596,7 +593,7 @@ def check_fsdp_memory(shard_fn, *, world_size=2, kind="transformer", model=None,
                        "Free the buffer gathered for backward once the reduce-scatter has run."))
 
 
-@_one_thread
+@one_thread
 def check_fsdp_mixed_precision(shard_fn, *, world_size=2, kind="transformer", model=None, batch=2, steps=2,
                                param_dtype=torch.bfloat16, reduce_dtype=torch.float32, seed=0, backend="gloo"):
     """Mixed precision (FSDP2 MixedPrecisionPolicy): float32 master shards, compute and all-gather in
@@ -683,7 +680,7 @@ def _gather_rank(rank, world_size, shard_fn, gather_fn, case, target, backend):
             "changed": changed, "comm": ledger.records}
 
 
-@_one_thread
+@one_thread
 def check_gather_full_params(shard_fn, gather_fn, *, world_size=2, kind="transformer", model=None,
                              dtype=torch.float64, seed=0, backend="gloo"):
     """gather_full_params(model) on every rank equals the unsharded model's state_dict(), for the current shards.

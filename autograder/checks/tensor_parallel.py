@@ -39,9 +39,6 @@ __all__ = [
 ]
 
 
-_one_thread = one_thread  # (autograder.checks.one_thread)
-
-
 _TIMEOUT = 20.0
 
 
@@ -215,7 +212,7 @@ def _mapping_rank(rank, world_size, fn, name, xs, gs, noncontiguous, backend):
             "records": ledger.records}
 
 
-@_one_thread
+@one_thread
 def check_mapping(fn, name: str, *, world_size: int = 2, shape=(4, 3, 6), dtype=torch.float64,
                   seed: int = 0, noncontiguous: bool = False, backend: str = "gloo",
                   timeout: float = _TIMEOUT) -> None:
@@ -351,7 +348,7 @@ def _layer_comm(kind: str, flags: dict, s: int, b: int, in_f: int, out_f: int, d
     return [(AR, {1}, (s, b, out_f), None, dtype)], bwd
 
 
-@_one_thread
+@one_thread
 def check_column_parallel_linear(ColumnParallelLinear, *, world_size: int = 2, in_features: int = 6,
                                  out_features: int = 4, seq: int = 4, batch: int = 3, bias=None,
                                  gather_output=None, sequence_parallel=None, dtype=torch.float64,
@@ -405,7 +402,7 @@ def check_column_parallel_linear(ColumnParallelLinear, *, world_size: int = 2, i
     _compare_layer(results, cases, t, "ColumnParallelLinear")
 
 
-@_one_thread
+@one_thread
 def check_row_parallel_linear(RowParallelLinear, *, world_size: int = 2, in_features: int = 6,
                               out_features: int = 4, seq: int = 4, batch: int = 3, bias=None,
                               input_is_parallel=None, sequence_parallel=None, dtype=torch.float64,
@@ -516,7 +513,7 @@ def _error_rank(rank, world_size, impls, cases, backend):
     return results
 
 
-@_one_thread
+@one_thread
 def check_argument_errors(impls: dict, *, world_size: int = 2, backend: str = "gloo",
                           timeout: float = _TIMEOUT) -> None:
     """Invalid arguments raise ValueError on every rank before any communication, naming the sizes.
@@ -575,7 +572,7 @@ def _pair_case(world_size, hidden, ffn, seq, batch, sp, dtype, seed):
             "x_grad": [split(xr.grad, r).to(dtype) for r in range(t)]}
 
 
-@_one_thread
+@one_thread
 def check_tp_pair_communication(ColumnParallelLinear, RowParallelLinear, *, world_size: int = 2,
                                 sequence_parallel: bool = False, hidden: int = 6, ffn: int = 8,
                                 seq: int = 4, batch: int = 3, dtype=torch.float64, seed: int = 0,
@@ -694,7 +691,7 @@ def _run_mlp(mlp_cls, allreduce_fn, world_size, hidden, ffn, seq, batch, sp, dty
     return results, y.detach(), grads, split, ctx
 
 
-@_one_thread
+@one_thread
 def check_parallel_mlp(ParallelMLP, *, world_size: int = 2, sequence_parallel: bool = False,
                        hidden: int = 6, ffn: int = 8, seq: int = 4, batch: int = 3, bias: bool = True,
                        dtype=torch.float64, seed: int = 0, backend: str = "gloo", timeout: float = _TIMEOUT) -> None:
@@ -730,7 +727,7 @@ def check_parallel_mlp(ParallelMLP, *, world_size: int = 2, sequence_parallel: b
             assert_close(res["ln_w"], grads["ln_w"].to(dtype), name=f"{ctx}: LayerNorm weight grad", rank=rank)
 
 
-@_one_thread
+@one_thread
 def check_sequence_parallel_grads(ParallelMLP, allreduce_sequence_parallel_grads, *, world_size: int = 2,
                                   sequence_parallel: bool = True, hidden: int = 6, ffn: int = 8,
                                   seq: int = 4, batch: int = 3, unused: bool = False, dtype=torch.float64,
@@ -801,7 +798,7 @@ def _ce_rank(rank, world_size, fn, logits, target, grad, backend):
             "records": ledger.records}
 
 
-@_one_thread
+@one_thread
 def check_vocab_parallel_cross_entropy(vocab_parallel_cross_entropy, *, world_size: int = 2, seq: int = 4,
                                        batch: int = 3, vocab: int = 8, dtype=torch.float32, seed: int = 0,
                                        extreme: bool = False, backend: str = "gloo",
@@ -910,7 +907,7 @@ def _run_async(fn, world_size, in_features, out_features, seq, batch, bias, dtyp
     return results, expected, ctx, (part, in_features)
 
 
-@_one_thread
+@one_thread
 def check_async_allreduce_gradients(LinearWithAsyncAllReduce, *, world_size: int = 2, in_features: int = 6,
                                     out_features: int = 4, seq: int = 4, batch: int = 3, bias: bool = True,
                                     dtype=torch.float64, seed: int = 0, backend: str = "gloo",
@@ -943,7 +940,7 @@ def _timeline(records, ops, phase="backward") -> str:
     return "\n".join(f"    {seq:4d}  {text}" for seq, text in events)
 
 
-@_one_thread
+@one_thread
 def check_async_allreduce_overlap(LinearWithAsyncAllReduce, *, world_size: int = 2, in_features: int = 6,
                                   out_features: int = 4, seq: int = 4, batch: int = 3, bias: bool = True,
                                   dtype=torch.float64, seed: int = 0, backend: str = "gloo",
