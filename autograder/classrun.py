@@ -4,27 +4,25 @@
     python -m autograder.grade autograde 02_tensor_parallel --shard 1/3     # one slice, into its own file
     python -m autograder.grade merge graded/02_tensor_parallel/shard-*.json # fold shard results in
 
-One submission, in a worker process of its own:
+One submission:
 
-1. intake (autograder.intake): the notebook file checked and normalised, or
-   a named reason why it cannot be graded;
-2. the feedback run: nbgrader's own autograde of that one student, called in
-   this worker (nbgrader is imported once per worker, not once per
-   submission), in a scratch course holding the release notebook's test cells
-   (no hidden test, no solution); only the student's kernel runs in the
-   sandbox (autograder.sandbox), with its memory, process and time limits,
-   reached over Unix sockets (autograder.nbgrader_plugins.SandboxedExecute);
-3. the trusted run (autograder.trusted), once nbgrader ran the last cell and
-   before it stops the kernel: the grader runs the source notebook's test
-   cells, hidden ones included, and the live kernel serves as its zygote (it
-   already holds the student's cells, run once, in order); where the kernel
-   cannot (it died, hung or was broken by the student), a zygote of its own
-   in the sandbox; its verdicts are the grade;
-4. the feedback: the notebook of step 2 with each graded cell showing the
+1. intake (autograder.intake, in the main process, each student on their
+   own): the notebook file checked (a regular file, a notebook, this
+   assignment's) and normalised, or a named reason why it cannot be graded;
+2. in a worker process: the trusted run (autograder.trusted), every check
+   run once: the student's cells run in a fresh interpreter in the sandbox
+   (autograder.sandbox: no privileges, an empty root, memory, process and
+   time limits), and the worker runs the source notebook's test cells,
+   hidden ones included, reaching the student's code only through the
+   sandbox; its verdicts are the grade;
+3. the feedback: the submitted notebook with each graded cell showing its
    trusted verdict, through nbgrader's `generate_feedback`; where the
-   student's kernel and the trusted grader disagree on the visible checks,
-   the cell is flagged;
-5. a result record (JSON): scores per cell, flags, warnings, timings.
+   outputs saved in the notebook (what the student last saw) disagree with
+   the trusted verdict on the visible checks, the cell is flagged;
+4. a result record (JSON): scores per cell, flags, warnings, timings.
+
+A worker that dies is replaced, and its submission graded once more; a
+second death is that submission's reason (the others are graded).
 
 The main process then writes the records into nbgrader's gradebook (sqlite,
 one writer: only the main process writes), after backing it up, holding the
@@ -34,7 +32,6 @@ or the grader (source notebook, autograder package) changed, unless forced.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import contextlib
 import copy
 import datetime
@@ -284,7 +281,7 @@ def grade_one(job: dict) -> dict:
               "fingerprint": job["fingerprint"], "status": "graded", "reason": None,
               "warnings": list(job.get("warnings", [])), "cells": [], "score": 0.0,
               "max_score": job["max_score"], "timings": {}, "graded_at": datetime.datetime.now().isoformat(),
-              "feedback": None, "feedback_html": None}
+              "submitted_at": job.get("submitted_at"), "feedback": None, "feedback_html": None}
     work = os.path.join(job["workbase"], student)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
@@ -298,6 +295,29 @@ def grade_one(job: dict) -> dict:
         if not job.get("keep_work"):
             shutil.rmtree(work, ignore_errors=True)
     record["timings"]["total"] = round(time.monotonic() - t_start, 2)
+    return scrub_record(record, root, job["workbase"])
+
+
+def scrub_record(record: dict, *prefixes: str) -> dict:
+    """No path of the grading machine in what a student receives (messages, warnings, reasons, feedback)."""
+    import autograder
+
+    known = [*prefixes, sys.prefix, sys.base_prefix, os.path.dirname(os.path.abspath(autograder.__file__)),
+             os.path.expanduser("~"), tempfile.gettempdir() + os.sep]
+    known = [p for p in known if p and p not in ("/", os.sep)]
+
+    def clean(value):
+        if isinstance(value, str):
+            return scrub_paths(value, *known)
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        return value
+
+    for key in ("reason", "warnings", "cells", "cell_errors", "feedback_html"):
+        if key in record:
+            record[key] = clean(record[key])
     return record
 
 
@@ -311,204 +331,53 @@ def _grade_into(record: dict, job: dict, work: str) -> None:
         notebook = json.load(f)
     with open(source_notebook(root, assignment), encoding="utf-8") as f:
         source = json.load(f)
-    limits = dict(isolate=job["isolate"], memory_bytes=job["memory_bytes"], max_pids=job["max_pids"])
+    memory_gib = job["memory_bytes"] / 2**30
 
-    # 1. nbgrader's autograde of this one student, here in the worker; its kernel in the sandbox (visible tests
-    # only: the feedback's body). 2. Once the last cell ran, the trusted verdicts, the live kernel serving the
-    # grader as its zygote (autograder.trusted.serve_kernel); a zygote of its own if the kernel cannot.
+    # 1. The trusted run: the student's cells run once, in the sandbox; every test cell (visible and hidden)
+    # runs once, here, with the student's code reached only through the sandbox.
     t0 = time.monotonic()
-    course = os.path.join(work, "course")
-    shutil.copytree(job["template"], course)
-    sub_dir = os.path.join(course, "submitted", student, assignment)
-    os.makedirs(sub_dir)
-    with open(os.path.join(sub_dir, nb_name), "w", encoding="utf-8") as f:
-        json.dump(notebook, f)
-    kernel_dir = os.path.join(work, "kernel")
-    os.makedirs(kernel_dir)
-    # the kernel's IPC sockets need a short path (a Unix socket's is at most 107 bytes)
-    socket_dir = tempfile.mkdtemp(prefix="agk-", dir="/tmp")
-    session = None
-    try:
-        with Sandbox(root, kernel_dir, extra_rw=(socket_dir,), **limits) as box:
-            session = _KernelSession(box, kernel_dir, socket_dir, _kernel_env(root), record["warnings"],
-                                     lambda channel: grade_notebook(notebook, source, workdir=kernel_dir,
-                                                                    sandbox=box, budget=job["budget"],
-                                                                    kernel=channel))
-            result = session.autograde(course, assignment, student, job["budget"])
-            oom = box.out_of_memory
-            if session.trusted is None:  # the kernel never finished the notebook: a zygote of its own
-                t1 = time.monotonic()
-                session.trusted = grade_notebook(notebook, source, workdir=kernel_dir, sandbox=box,
-                                                 budget=job["budget"])
-                session.timings["trusted_run"] = time.monotonic() - t1
-    finally:
-        shutil.rmtree(socket_dir, ignore_errors=True)
-    autograded_path = os.path.join(course, "autograded", student, assignment, nb_name)
-    kernel_nb = None
-    if result.get("success") and os.path.exists(autograded_path):
-        try:
-            with open(autograded_path, encoding="utf-8") as f:
-                kernel_nb = json.load(f)
-        except ValueError:
-            kernel_nb = None
-    if session.timed_out:
-        record["warnings"].append(f"the notebook's own run was stopped after {job['budget']:g} s (its time budget)")
-    elif oom:
-        record["warnings"].append(f"the notebook's own run hit its memory limit ({job['memory_bytes'] / 2**30:g} GiB)")
-    elif kernel_nb is None:
-        record["warnings"].append("the notebook's own run did not finish (its kernel died or nbgrader failed): "
-                                  "the feedback shows the submitted notebook")
-        record["nbgrader_log"] = scrub_paths(str(result.get("error") or "") + str(result.get("log") or ""),
-                                             work, root, job["workbase"])[-4000:]
-    verdicts, cell_errors = session.trusted
-    trusted_time = session.timings.get("trusted_run", 0.0)
-    record["timings"]["kernel_run"] = round(time.monotonic() - t0 - trusted_time, 2)
-    record["timings"]["trusted_run"] = round(trusted_time, 2)
+    inputs = os.path.join(work, "inputs")  # the grader writes it; the sandbox reads it
+    os.makedirs(inputs)
+    with Sandbox(root, inputs, isolate=job["isolate"], memory_bytes=job["memory_bytes"],
+                 max_pids=job["max_pids"]) as box:
+        verdicts, cell_errors = grade_notebook(notebook, source, inputs=inputs, sandbox=box, budget=job["budget"],
+                                               memory_note=f"out of memory (limit {memory_gib:g} GiB)")
+        if box.out_of_memory:
+            record["warnings"].append(f"the submission ran out of memory (limit {memory_gib:g} GiB): the "
+                                      f"processes that exceeded it were killed")
+    record["timings"]["trusted_run"] = round(time.monotonic() - t0, 2)
     record["cell_errors"] = cell_errors[:20]
-    record["trusted_zygote"] = "the notebook's kernel" if session.served else "an interpreter of its own"
 
-    # 3. the record and the feedback notebook
+    # 2. The record and the feedback: the submitted notebook, each graded cell showing its trusted verdict
     t0 = time.monotonic()
-    base = copy.deepcopy(kernel_nb if kernel_nb is not None else notebook)
-    kernel_verdict = {}
+    saw = job.get("saw") or {}
+    base = copy.deepcopy(notebook)
     for cell in base["cells"]:
         meta = _meta(cell)
         gid = meta.get("grade_id")
-        if not (meta.get("grade") and not meta.get("solution")) or gid not in verdicts:
-            continue
-        kernel_verdict[gid] = (not _outputs_failed(cell)) if kernel_nb is not None else None
-        cell["outputs"] = _verdict_outputs(verdicts[gid])
+        if meta.get("grade") and not meta.get("solution") and gid in verdicts:
+            cell["outputs"] = _verdict_outputs(verdicts[gid])
     for gid, v in verdicts.items():
-        kv = kernel_verdict.get(gid)
-        flagged = kv is not None and v.visible_passed is not None and kv != v.visible_passed
+        seen = saw.get(gid)
+        flagged = seen is not None and v.visible_passed is not None and seen != v.visible_passed
         record["cells"].append({"grade_id": gid, "points": v.points, "max_points": v.max_points,
-                                "passed": v.passed, "visible_passed": v.visible_passed, "kernel_passed": kv,
+                                "passed": v.passed, "visible_passed": v.visible_passed, "saved_passed": seen,
                                 "flagged": flagged, "message": v.message[:4000]})
     record["score"] = round(sum(c["points"] for c in record["cells"]), 4)
     record["max_score"] = round(sum(c["max_points"] for c in record["cells"]), 4) or record["max_score"]
     if any(c["flagged"] for c in record["cells"]):
-        record["warnings"].append("the notebook's own run and the trusted grader disagree on "
+        record["warnings"].append("the outputs saved in the notebook and the trusted grader disagree on "
                                   + ", ".join(c["grade_id"] for c in record["cells"] if c["flagged"])
                                   + " (the trusted verdict is the grade)")
+    course = os.path.join(work, "course")
+    shutil.copytree(job["template"], course)
     html = _feedback(course, assignment, student, nb_name, base, record)
     if html is not None:
-        record["feedback_html"] = scrub_paths(html, work, root, job["workbase"])
+        record["feedback_html"] = html
     record["timings"]["feedback"] = round(time.monotonic() - t0, 2)
 
 
-def _kernel_env(root: str) -> dict:
-    """What the student's kernel gets besides the sandbox's own settings (autograder.sandbox.Sandbox.env)."""
-    env = {k: v for k, v in _nbgrader_env(root).items() if k in ("TORCH_CPP_LOG_LEVEL", "PYTHONWARNINGS", "PATH")}
-    env["PYTHONHASHSEED"] = "0"  # the same verdicts run after run (tests/test_determinism.py)
-    return env
-
-
-def _kernel_cell_errors(nb: dict) -> list:
-    """The errors of the student's own cells in nbgrader's run (what the zygote reports when it runs them)."""
-    from autograder.trusted import _cell_filename
-
-    out = []
-    for i, cell in enumerate(nb.get("cells", [])):
-        meta = _meta(cell)
-        if cell.get("cell_type") != "code" or (meta.get("grade") and not meta.get("solution")):
-            continue
-        for o in cell.get("outputs", []):
-            if o.get("output_type") == "error":
-                out.append({"cell": _cell_filename(meta, i), "error": f"{o.get('ename')}: {o.get('evalue')}"[:500]})
-    return out
-
-
-class _KernelSession:
-    """One submission's nbgrader run in this worker (autograder.nbgrader_plugins.SandboxedExecute reads it)."""
-
-    output_limit = 5_000_000
-
-    def __init__(self, box, kernel_dir: str, socket_dir: str, env: dict, warnings_out: list, grade):
-        self.sandbox, self.kernel_dir, self.socket_dir, self.env = box, kernel_dir, socket_dir, env
-        self.warnings, self.grade = warnings_out, grade
-        self.output_seen, self.output_dropped = 0, False
-        self.km = None
-        self.timed_out = False
-        self.served = False
-        self.trusted = None
-        self.timings: dict = {}
-        self._timer = None
-
-    def warn(self, text: str) -> None:
-        self.warnings.append(text)
-
-    def kill(self) -> None:
-        """Stop the kernel and everything it started."""
-        self.sandbox.kill_all()
-        pid = getattr(getattr(self.km, "provisioner", None), "pid", None)
-        if pid:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, 9)
-
-    def _time_out(self) -> None:
-        self.timed_out = True
-        self.kill()
-
-    def autograde(self, course: str, assignment: str, student: str, budget: float) -> dict:
-        """nbgrader's autograde of `student`, its kernel stopped after `budget` s of running cells."""
-        import threading
-
-        from autograder import nbgrader_plugins
-
-        self._timer = threading.Timer(budget, self._time_out)
-        self._timer.daemon = True
-        nbgrader_plugins.SESSION["current"] = self
-        self._timer.start()
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # SQLAlchemy's "not in session" notes from nbgrader's own queries
-                return _nbgrader_api(course, sandboxed_kernel=True).autograde(assignment, student, force=True,
-                                                                               create=True)
-        finally:
-            self._timer.cancel()
-            nbgrader_plugins.SESSION.pop("current", None)
-
-    def after_cells(self, executor) -> None:
-        """The last cell ran and the kernel lives: the trusted run, the kernel serving as its zygote."""
-        from jupyter_client import BlockingKernelClient
-
-        from autograder.trusted import KernelChannel
-
-        self._timer.cancel()
-        if self.timed_out:
-            return
-        t0 = time.monotonic()
-        with contextlib.suppress(Exception):
-            executor.kc.stop_channels()  # nbgrader reads nothing more; what the kernel prints now is not kept
-        client = BlockingKernelClient(connection_file=executor.km.connection_file)
-        client.load_connection_file()
-        client.start_channels(iopub=False, stdin=False, hb=False, control=False)
-        sent: dict = {}
-
-        def execute(code):
-            sent["id"] = client.execute(code, silent=True, store_history=False, allow_stdin=False)
-
-        def failed():
-            try:
-                msg = client.get_shell_msg(timeout=0)
-            except Exception:  # noqa: BLE001 - queue.Empty: no answer yet
-                return False
-            return msg.get("parent_header", {}).get("msg_id") == sent.get("id")
-
-        channel = KernelChannel(self.socket_dir, self.kernel_dir, execute, failed, self.kill,
-                                cell_errors=_kernel_cell_errors(executor.nb))
-        try:
-            self.trusted = self.grade(channel)
-            self.served = channel.served
-        except Exception:  # noqa: BLE001 - the notebook's run stays; a zygote of its own grades it afterwards
-            self.trusted = None
-            self.kill()
-        finally:
-            client.stop_channels()
-            self.timings["trusted_run"] = time.monotonic() - t0
-
-
-def _nbgrader_api(course: str, sandboxed_kernel: bool = False):
+def _nbgrader_api(course: str):
     """nbgrader's API on a scratch course (in this worker process: nbgrader is imported once per worker)."""
     import logging
 
@@ -516,14 +385,6 @@ def _nbgrader_api(course: str, sandboxed_kernel: bool = False):
     from traitlets.config.loader import PyFileConfigLoader
 
     config = PyFileConfigLoader("nbgrader_config.py", path=course).load_config()
-    if sandboxed_kernel:
-        from nbgrader.converters.autograde import Autograde
-        from nbgrader.preprocessors import Execute
-
-        from autograder.nbgrader_plugins import SandboxedExecute
-
-        steps = config.Autograde.get("autograde_preprocessors") or Autograde.autograde_preprocessors.default_value
-        config.Autograde.autograde_preprocessors = [SandboxedExecute if p is Execute else p for p in steps]
     config.CourseDirectory.root = course
     config.CourseDirectory.db_url = "sqlite:///" + os.path.join(course, "gradebook.db")
     logging.getLogger("traitlets").setLevel(logging.ERROR)
@@ -568,7 +429,7 @@ def _rejected(assignment: str, student: str, reason: str, intake_warnings, h: st
     return {"version": RESULT_VERSION, "assignment": assignment, "student": student, "hash": h, "fingerprint": fp,
             "status": "rejected", "reason": reason, "warnings": list(intake_warnings),
             "cells": [{"grade_id": g, "points": 0.0, "max_points": p, "passed": False, "visible_passed": None,
-                       "kernel_passed": None, "flagged": False, "message": f"not graded: {reason}"}
+                       "saved_passed": None, "flagged": False, "message": f"not graded: {reason}"}
                       for g, p in cells],
             "score": 0.0, "max_score": max_score, "timings": {}, "graded_at": datetime.datetime.now().isoformat(),
             "feedback": None, "feedback_html": None}
@@ -624,8 +485,14 @@ def grade_class(root: str, assignment: str, *, jobs: int | None = None, shard: t
     records, todo = [], []
     try:
         for student in everyone:
-            intake = check_submission(os.path.join(root, "submitted", student, assignment), release, nb_name,
-                                      others, student=student)
+            try:
+                intake = check_submission(os.path.join(root, "submitted", student, assignment), release, nb_name,
+                                          others, student=student)
+            except Exception as exc:  # noqa: BLE001 - one student's file never stops the class
+                from autograder.intake import Intake
+
+                intake = Intake(student=student, reason=f"the grader could not read this submission "
+                                                        f"({type(exc).__name__}: {str(exc)[:300]})")
             if intake.notebook is None:
                 h = hashlib.sha256(intake.reason.encode()).hexdigest()[:16]
                 records.append(_rejected(assignment, student, intake.reason, intake.warnings, h, fp, max_score,
@@ -644,8 +511,9 @@ def grade_class(root: str, assignment: str, *, jobs: int | None = None, shard: t
                 f.write(text)
             todo.append({"root": root, "assignment": assignment, "student": student, "notebook": path,
                          "notebook_name": nb_name, "hash": h, "fingerprint": fp, "warnings": intake.warnings,
-                         "max_score": max_score, "workbase": workbase, "isolate": isolate,
-                         "memory_bytes": memory_bytes, "max_pids": max_pids, "budget": budget})
+                         "max_score": max_score, "cells": cells, "workbase": workbase, "isolate": isolate,
+                         "memory_bytes": memory_bytes, "max_pids": max_pids, "budget": budget,
+                         "saw": intake.saw, "submitted_at": intake.submitted_at})
         if todo:
             template = _cached_template(root, assignment, fp)
             for job in todo:
@@ -668,8 +536,33 @@ def grade_class(root: str, assignment: str, *, jobs: int | None = None, shard: t
     return sorted(records, key=lambda r: r["student"])
 
 
+def _worker(conn) -> None:
+    """A grading worker: grade the jobs it is sent, one at a time, until told to stop (None)."""
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:
+            return
+        if job is None:
+            return
+        conn.send(grade_one(job))
+
+
+def _died(job: dict, why: str) -> dict:
+    rec = _rejected(job["assignment"], job["student"], why, job["warnings"], job["hash"], job["fingerprint"],
+                    job["max_score"], job.get("cells", []))
+    rec["status"] = "error"
+    return rec
+
+
 def _run_jobs(todo: list[dict], jobs: int, progress: bool, log, on_done=None) -> list[dict]:
-    """Grade the jobs in `jobs` worker processes (spawned: no state from this process), with a progress bar."""
+    """Grade the jobs in `jobs` worker processes (spawned: no state from this process), with a progress bar.
+
+    Each worker grades one submission at a time, so the one whose worker dies (killed for its memory,
+    a crash of the grader) is known: the worker is replaced and that submission graded once more; if it
+    dies again, the record says so and the others are graded all the same."""
+    from multiprocessing.connection import wait
+
     results = []
     bar = None
     if progress:
@@ -678,25 +571,82 @@ def _run_jobs(todo: list[dict], jobs: int, progress: bool, log, on_done=None) ->
         bar = tqdm(total=len(todo), unit="notebook", desc=f"grading {todo[0]['assignment']}", dynamic_ncols=True,
                    file=sys.stdout)
     ctx = multiprocessing.get_context("spawn")
-    with cf.ProcessPoolExecutor(max_workers=max(1, min(jobs, len(todo))), mp_context=ctx) as pool:
-        futures = {pool.submit(grade_one, job): job for job in todo}
-        for fut in cf.as_completed(futures):
-            job = futures[fut]
-            try:
-                rec = fut.result()
-            except Exception as exc:  # noqa: BLE001 - a worker that died costs its submission only
-                rec = _rejected(job["assignment"], job["student"], f"the grading worker died: {exc}",
-                                job["warnings"], job["hash"], job["fingerprint"], job["max_score"], [])
-                rec["status"] = "error"
-            results.append(rec)
-            if on_done is not None:
-                on_done(rec)
-            if bar is not None:
-                if rec.get("status") != "graded":
-                    bar.write(f"  \u2717 {rec['student']}: {rec['reason']}")
-                bar.update(1)
-    if bar is not None:
-        bar.close()
+    queue = list(todo)
+    attempts: dict[str, int] = {}
+    busy: dict = {}  # connection -> (process, job or None)
+
+    def start_worker():
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_worker, args=(child,), daemon=True)
+        proc.start()
+        child.close()
+        busy[parent] = (proc, None)
+
+    def finish(rec):
+        results.append(rec)
+        if on_done is not None:
+            on_done(rec)
+        if bar is not None:
+            if rec.get("status") != "graded":
+                bar.write(f"  \u2717 {rec['student']}: {rec['reason']}")
+            bar.update(1)
+
+    for _ in range(max(1, min(jobs, len(todo)))):
+        start_worker()
+    try:
+        while queue or any(job is not None for _, job in busy.values()):
+            for conn, (proc, job) in list(busy.items()):
+                if job is None and queue:
+                    job = queue.pop(0)
+                    attempts[job["student"]] = attempts.get(job["student"], 0) + 1
+                    try:
+                        conn.send(job)
+                        busy[conn] = (proc, job)
+                    except (OSError, ValueError):
+                        queue.insert(0, job)
+                        attempts[job["student"]] -= 1
+            ready = wait([c for c, (_, j) in busy.items() if j is not None]
+                         + [p.sentinel for p, j in busy.values() if j is not None])
+            for conn, (proc, job) in list(busy.items()):
+                if job is None:
+                    continue
+                rec = None
+                if conn in ready:
+                    try:
+                        rec = conn.recv()
+                    except (EOFError, OSError):
+                        rec = None
+                elif proc.sentinel not in ready:
+                    continue
+                if rec is not None:
+                    busy[conn] = (proc, None)
+                    finish(rec)
+                    continue
+                # the worker died with this submission
+                proc.join(5)
+                code = proc.exitcode
+                del busy[conn]
+                conn.close()
+                start_worker()
+                why = (f"the grading worker died while grading this submission (exit code {code}"
+                       + (", killed by signal %d" % -code if code is not None and code < 0 else "") + ")")
+                if attempts[job["student"]] < 2:
+                    log(f"  ! {job['student']}: {why}; grading it once more")
+                    queue.insert(0, job)
+                else:
+                    finish(_died(job, why + " twice; the other submissions were graded"))
+    finally:
+        for conn, (proc, _) in busy.items():
+            with contextlib.suppress(OSError, ValueError):
+                conn.send(None)
+        for conn, (proc, _) in busy.items():
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+            conn.close()
+        if bar is not None:
+            bar.close()
     return results
 
 

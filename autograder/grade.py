@@ -10,11 +10,12 @@
     python -m autograder.grade gradescope-package 02_tensor_parallel     # dist/gradescope-02_tensor_parallel.zip
 
 Run from the course root (where nbgrader_config.py is). `autograde` grades
-each submission in a sandbox, in parallel (autograder.classrun: nbgrader's
-own autograde runs the student's notebook for the feedback; the trusted
-grader decides the score), regrades only what changed, writes nbgrader's
-gradebook (backed up first, one command at a time), the feedback HTML, and
-prints the table. `demo` first writes three sample submissions per
+each submission in a sandbox, in parallel (autograder.classrun: the
+student's cells run once in the sandbox, every check once in the trusted
+grader), regrades only what changed, writes nbgrader's gradebook (backed up
+first, one command at a time), the feedback HTML, and prints the table. It
+exits with status 1 when a submission could not be graded for a reason of
+the grader's own (a student's bad file is a graded reason, not a failure). `demo` first writes three sample submissions per
 assignment (reference solution, untouched release notebook, one plausible
 wrong edit); it needs the instructor-only `solutions` package.
 """
@@ -251,7 +252,7 @@ def main(argv=None) -> int:
                        help="grade without bubblewrap (student code sees the course's files; see the README)")
         p.add_argument("--memory", type=float, default=4.0, help="GiB for one submission's processes (default 4)")
         p.add_argument("--budget", type=float, default=600.0,
-                       help="seconds for one notebook's run, and again for its trusted run (default 600)")
+                       help="seconds for one submission: its cells and every check (default 600)")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
 
     p_demo = sub.add_parser("demo", help="grade the sample submissions of every released assignment")
@@ -323,6 +324,12 @@ def main(argv=None) -> int:
     records = _autograde(root, assignments, args)
     print()
     print_records(records, root)
+    ungraded = [r for r in records if r.get("status") == "error"]
+    if ungraded:
+        print(f"\n{len(ungraded)} submission(s) could not be graded (the grader failed, not the student): "
+              + ", ".join(f"{r['assignment']}/{r['student']}" for r in ungraded)
+              + ". Their reasons are in the table; run the command again to retry them.")
+        return 1
     return 0
 
 

@@ -30,7 +30,7 @@ __all__ = ["grade_upload", "main"]
 def grade_upload(course: str, assignment: str, submission_dir: str, results_path: str, *, budget: float = 1200.0,
                  memory_gib: float = 4.0) -> dict:
     """Grade the notebook in `submission_dir`; write and return Gradescope's results dict."""
-    from autograder.classrun import _graded_cells, release_notebook, source_notebook
+    from autograder.classrun import _graded_cells, release_notebook, scrub_record, source_notebook
     from autograder.exports import cell_titles, gradescope_results
     from autograder.intake import check_submission
     from autograder.sandbox import Sandbox, sandbox_status
@@ -57,12 +57,14 @@ def grade_upload(course: str, assignment: str, submission_dir: str, results_path
         work = tempfile.mkdtemp(prefix="autograder-gradescope-")
         try:
             with Sandbox(course, work, isolate=isolate, memory_bytes=int(memory_gib * 2**30)) as box:
-                verdicts, _ = grade_notebook(intake.notebook, source, workdir=work, sandbox=box, budget=budget)
+                verdicts, _ = grade_notebook(intake.notebook, source, inputs=work, sandbox=box, budget=budget,
+                                             memory_note=f"out of memory (limit {memory_gib:g} GiB)")
         finally:
             shutil.rmtree(work, ignore_errors=True)
         record["cells"] = [{"grade_id": v.grade_id, "points": v.points, "max_points": v.max_points,
                             "passed": v.passed, "visible_passed": v.visible_passed, "message": v.message}
                            for v in verdicts.values()]
+        scrub_record(record, course, work)
     record["score"] = sum(c["points"] for c in record["cells"])
     record["timings"]["total"] = round(time.monotonic() - t0, 1)
     results = gradescope_results(record, cell_titles(source))

@@ -8,9 +8,15 @@
 Everything a submission could do to the notebook *file* to break grading for
 everyone, or to change how it is graded, is handled here, per student:
 
+- the submission folder and the notebook must be what they look like: a
+  symbolic link, a FIFO, a device or a file over `MAX_BYTES` is refused
+  with a named reason, before anything opens it for reading (a FIFO would
+  block the grader; a link could point at another student's file or at the
+  course's own notebooks);
 - no notebook, or several without the expected name: a named reason;
 - one notebook under another name (`..._lab-Copy1.ipynb`): graded, with a warning;
-- invalid JSON or not a notebook: a named reason;
+- invalid JSON or not a notebook (nbformat's schema), and nbgrader metadata
+  of the wrong type: a named reason, saying which cell;
 - another assignment's notebook: a named reason (which assignment it is);
 - a `grade_id` that appears twice (a copied cell): a named reason;
 - graded and locked cells are put back as the release has them (a test cell
@@ -18,7 +24,14 @@ everyone, or to change how it is graded, is handled here, per student:
   cannot be changed); answer cells keep the student's code, under the
   release's metadata; an answer cell that was deleted gets the release stub;
 - nbgrader's marker lines (`### BEGIN HIDDEN TESTS`, ...) in the student's
-  code are removed (nbgrader would otherwise abort or misread them).
+  code are removed (nbgrader would otherwise abort or misread them);
+- outputs kept in the notebook (they are shown in the feedback) are capped:
+  at most `MAX_OUTPUT_CHARS` characters and `MAX_OUTPUT_LINES` lines of text
+  per output, pictures of at most `MAX_OUTPUT_DATA` bytes;
+- what each test cell's saved output showed (passed, failed, or not run) is
+  kept in `saw`: the grading flags a cell where it and the trusted verdict
+  disagree; nbgrader's `timestamp.txt` (collect, zip_collect) is kept as the
+  submission's time.
 """
 
 from __future__ import annotations
@@ -27,12 +40,18 @@ import copy
 import json
 import os
 import re
+import stat
+import warnings as _warnings
 from dataclasses import dataclass, field
 
 __all__ = ["Intake", "check_submission", "notebook_files"]
 
 _MARKER = re.compile(r"^.*### (BEGIN|END) (SOLUTION|HIDDEN TESTS).*$\n?", re.M)
 _IGNORED_DIRS = {".ipynb_checkpoints", "__pycache__", "__MACOSX"}
+MAX_BYTES = 64 * 2**20  # a submitted notebook file
+MAX_OUTPUT_CHARS = 20_000  # text kept of one output (feedback)
+MAX_OUTPUT_LINES = 200
+MAX_OUTPUT_DATA = 2 * 2**20  # one picture (base64) kept of an output
 
 
 @dataclass
@@ -42,15 +61,107 @@ class Intake:
     source_name: str = ""
     reason: str | None = None
     warnings: list = field(default_factory=list)
+    saw: dict = field(default_factory=dict)  # grade id -> True/False: what the saved output of a test cell showed
+    submitted_at: str | None = None  # nbgrader's timestamp.txt, if any
 
 
 def notebook_files(folder: str) -> list[str]:
     out = []
-    for dirpath, dirs, names in os.walk(folder):
+    for dirpath, dirs, names in os.walk(folder):  # never into a linked folder (followlinks=False)
         dirs[:] = [d for d in dirs if d not in _IGNORED_DIRS and not d.startswith(".")]
         out += [os.path.relpath(os.path.join(dirpath, n), folder) for n in names
                 if n.endswith(".ipynb") and not n.startswith(".")]
     return sorted(out)
+
+
+_KINDS = [(stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder")]
+
+
+def _kind(mode: int) -> str | None:
+    """What a file that is not a regular file is (None for a regular file)."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((what for test, what in _KINDS if test(mode)), "not a regular file")
+
+
+def _read_regular(path: str, name: str) -> tuple[bytes | None, str | None]:
+    """(the file's bytes, None) or (None, why it is not read): never through a link, never blocking."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return None, f"{name} cannot be read ({exc.strerror})"
+    what = _kind(st.st_mode)
+    if what:
+        return None, f"{name} is {what}, not a notebook file: submit the notebook itself"
+    if st.st_size > MAX_BYTES:
+        return None, (f"{name} is {st.st_size / 2**20:.0f} MiB (at most {MAX_BYTES // 2**20} MiB are graded): "
+                      f"clear the large outputs (Edit > Clear Outputs of All Cells) and submit again")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        return None, f"{name} cannot be read ({exc.strerror})"
+    with os.fdopen(fd, "rb") as f:
+        what = _kind(os.fstat(fd).st_mode)  # it could have been replaced since lstat
+        if what:
+            return None, f"{name} is {what}, not a notebook file: submit the notebook itself"
+        data = f.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
+        return None, f"{name} is over {MAX_BYTES // 2**20} MiB (at most that is graded)"
+    return data, None
+
+
+def _folder_problem(folder: str) -> str | None:
+    """Why the submission folder (or its student folder) is not one (a link, a file): None if it is."""
+    for path in (os.path.dirname(folder.rstrip(os.sep)), folder):
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return None  # missing: "no notebook" says it
+        if stat.S_ISLNK(st.st_mode):
+            return f"the submission folder {os.path.basename(path)} is a symbolic link, not a folder"
+        if not stat.S_ISDIR(st.st_mode):
+            return f"the submission folder {os.path.basename(path)} is {_kind(st.st_mode)}, not a folder"
+    return None
+
+
+def structure_problem(nb) -> str | None:
+    """Why `nb` (parsed JSON) is not a notebook this grader can read, naming the cell; None if it is."""
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        return "it is not a notebook (no list of cells)"
+    if nb.get("nbformat") != 4:
+        return f"it is not a version 4 notebook (nbformat {nb.get('nbformat')!r})"
+    for i, cell in enumerate(nb["cells"]):
+        if not isinstance(cell, dict):
+            return f"cell {i + 1} is a {type(cell).__name__}, not an object"
+        meta = cell.get("metadata", {})
+        if not isinstance(meta, dict):
+            return f"cell {i + 1}: its metadata is a {type(meta).__name__}, not an object"
+        grader = meta.get("nbgrader")
+        if grader is None:
+            continue
+        if not isinstance(grader, dict):
+            return f"cell {i + 1}: its nbgrader metadata is a {type(grader).__name__}, not an object"
+        if "grade_id" in grader and not isinstance(grader["grade_id"], str):
+            return f"cell {i + 1}: its grade_id is a {type(grader['grade_id']).__name__}, not a string"
+        if "points" in grader and (isinstance(grader["points"], bool)
+                                   or not isinstance(grader["points"], (int, float))):
+            return f"cell {i + 1}: its points are a {type(grader['points']).__name__}, not a number"
+        for key in ("grade", "solution", "locked", "task"):
+            if key in grader and not isinstance(grader[key], bool):
+                return f"cell {i + 1}: its nbgrader {key!r} is a {type(grader[key]).__name__}, not true/false"
+    import nbformat
+
+    with _warnings.catch_warnings():
+        _warnings.simplefilter("ignore")  # nbformat's notes on missing cell ids
+        try:
+            nbformat.validate(nb, version=4)
+        except nbformat.ValidationError as exc:
+            where = "/".join(str(p) for p in list(getattr(exc, "absolute_path", []))[:4])
+            return f"it does not follow the notebook format ({where or 'top level'}: {str(exc.message)[:200]})"
+        except Exception as exc:  # noqa: BLE001 - the validator itself choked on it
+            return f"it does not follow the notebook format ({type(exc).__name__})"
+    return None
 
 
 def _meta(cell) -> dict:
@@ -73,6 +184,10 @@ def check_submission(folder: str, release: dict, release_name: str, others: dict
     `others` maps every other assignment to its release grade ids (to name a wrong notebook).
     """
     out = Intake(student=student or os.path.basename(os.path.dirname(folder.rstrip(os.sep))))
+    problem = _folder_problem(folder)
+    if problem:
+        out.reason = problem
+        return out
     files = notebook_files(folder) if os.path.isdir(folder) else []
     if not files:
         out.reason = f"no notebook in the submission (expected {release_name})"
@@ -89,17 +204,23 @@ def check_submission(folder: str, release: dict, release_name: str, others: dict
                       f"submit one notebook, {release_name}")
         return out
     out.source_name = chosen
-    path = os.path.join(folder, chosen)
+    data, problem = _read_regular(os.path.join(folder, chosen), chosen)
+    if problem:
+        out.reason = problem
+        return out
     try:
-        with open(path, encoding="utf-8") as f:
-            nb = json.load(f)
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        nb = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         out.reason = f"{chosen} is not a valid notebook: {type(exc).__name__}: {str(exc)[:200]}"
         return out
-    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list) or \
-            not all(isinstance(c, dict) and "cell_type" in c for c in nb["cells"]):
-        out.reason = f"{chosen} is not a valid notebook (no list of cells)"
+    problem = structure_problem(nb)
+    if problem:
+        out.reason = f"{chosen} is not a valid notebook: {problem}"
         return out
+    stamp, _ = _read_regular(os.path.join(folder, "timestamp.txt"), "timestamp.txt") \
+        if os.path.lexists(os.path.join(folder, "timestamp.txt")) else (None, None)
+    if stamp is not None:
+        out.submitted_at = stamp.decode("utf-8", "replace").strip()[:64] or None
     ids = _grade_ids(nb)
     dupes = sorted({g for g in ids if ids.count(g) > 1})
     if dupes:
@@ -118,8 +239,53 @@ def check_submission(folder: str, release: dict, release_name: str, others: dict
         out.reason = (f"{chosen} is " + (f"assignment {match}'s notebook" if match else "another notebook")
                       + f", not {release_name}")
         return out
-    out.notebook = _normalise(nb, release, out.warnings)
+    out.notebook = _normalise(nb, release, out.warnings, out.saw)
     return out
+
+
+def _saw(cell: dict) -> bool | None:
+    """What a test cell's saved outputs showed the student: failed (an error), passed (output, no error), or
+    nothing (not run, or cleared)."""
+    outputs = cell.get("outputs") or []
+    if any(o.get("output_type") == "error" for o in outputs):
+        return False
+    return True if outputs else None
+
+
+def _cap_text(text: str) -> str:
+    lines = text.splitlines(True)
+    if len(lines) > MAX_OUTPUT_LINES:
+        text = "".join(lines[:MAX_OUTPUT_LINES]) + f"... [{len(lines) - MAX_OUTPUT_LINES} more lines not kept]\n"
+    if len(text) > MAX_OUTPUT_CHARS:
+        text = text[:MAX_OUTPUT_CHARS] + f"\n... [{len(text) - MAX_OUTPUT_CHARS} more characters not kept]\n"
+    return text
+
+
+def cap_outputs(cell: dict) -> dict:
+    """The cell with every output small enough for the feedback (see the module docstring)."""
+    kept = []
+    for o in cell.get("outputs") or []:
+        o = dict(o)
+        if "text" in o:
+            o["text"] = _cap_text(o["text"] if isinstance(o["text"], str) else "".join(o["text"]))
+        if isinstance(o.get("data"), dict):
+            data = {}
+            for mime, value in o["data"].items():
+                value = value if isinstance(value, str) else "".join(value) if isinstance(value, list) else value
+                if isinstance(value, str) and (mime.startswith("text/") or mime.endswith("json")):
+                    data[mime] = _cap_text(value)
+                elif isinstance(value, str) and len(value) > MAX_OUTPUT_DATA:
+                    data.setdefault("text/plain", f"[a {mime} output of {len(value):,} bytes, not kept]")
+                else:
+                    data[mime] = value
+            o["data"] = data
+        if o.get("output_type") == "error":
+            o["evalue"] = _cap_text(str(o.get("evalue", "")))
+            o["traceback"] = [_cap_text(str(line)) for line in (o.get("traceback") or [])][:MAX_OUTPUT_LINES]
+        kept.append(o)
+    if kept:
+        cell["outputs"] = kept[:MAX_OUTPUT_LINES]
+    return cell
 
 
 def _clean(cell: dict, what: str, warnings: list) -> dict:
@@ -131,7 +297,7 @@ def _clean(cell: dict, what: str, warnings: list) -> dict:
     return cell
 
 
-def _normalise(nb: dict, release: dict, warnings: list) -> dict:
+def _normalise(nb: dict, release: dict, warnings: list, saw: dict) -> dict:
     """The release's graded cells (answer cells with the student's code), and the student's free cells.
 
     A free cell (the lesson's markdown, scratch code, the student's own notes)
@@ -154,6 +320,10 @@ def _normalise(nb: dict, release: dict, warnings: list) -> dict:
             warnings.append(f"cell {gid} was missing: restored from the release")
         elif _src(sub) != _src(rc) or _meta(sub) != _meta(rc) or sub.get("cell_type") != rc.get("cell_type"):
             warnings.append(f"cell {gid} was changed: restored from the release")
+        elif _meta(rc).get("grade") and rc.get("cell_type") == "code":
+            seen = _saw(sub)
+            if seen is not None:
+                saw[gid] = seen
         if new.get("cell_type") == "code":
             new["outputs"], new["execution_count"] = [], None
         graded.append((gid, new))
@@ -169,7 +339,7 @@ def _normalise(nb: dict, release: dict, warnings: list) -> dict:
             if gid:
                 free.get("metadata", {}).pop("nbgrader", None)
                 warnings.append(f"cell {gid} is not part of this assignment: kept, not graded")
-            after.setdefault(anchor, []).append(_clean(free, "a free cell", warnings))
+            after.setdefault(anchor, []).append(cap_outputs(_clean(free, "a free cell", warnings)))
     cells = list(after.get(None, []))
     for gid, cell in graded:
         cells.append(cell)

@@ -1,22 +1,35 @@
 """A sandbox per submission: bubblewrap for isolation, cgroups (or resource limits) for size.
 
-    box = Sandbox(course_root, workdir, memory_bytes=4 * 2**30, max_pids=512)
+    box = Sandbox(course_root, inputs, memory_bytes=4 * 2**30, max_pids=512)
     proc = box.popen([python, "-m", ...], stdout=subprocess.PIPE)
     ...
     box.close()          # every process of the submission is killed, the cgroups removed
 
-Inside: the whole file system read-only, a private /tmp, no network (loopback
-only, which gloo needs), its own PID namespace (killing the sandbox kills
-everything in it, including processes that left their process group), and
-no view of the course root: an empty directory is mounted over it, with only
-the Python environment and the `autograder` package put back (read-only),
-and the submission's own work directory (read-write). So `source/`,
-`solutions/`, `tests/`, `gradebook.db` and the other students' submissions
-are not there to read.
+What the submission's processes see is built from an empty root: read-only,
+only what running Python and torch needs (the system's `/usr`, the
+interpreter, the virtual environment, the `autograder` package, a few files
+of `/etc`, the grader's `inputs` folder with the submitted notebook), and a
+private scratch space of its own (`/tmp` and `/dev/shm`, memory file systems
+with a size limit: nothing a submission writes reaches the host's disk). No
+other path of the host is there: not the course root, not another checkout,
+not other students' files. No network (loopback only, which gloo needs), its
+own process, IPC and host-name namespaces.
+
+No privileges: the submission runs as an unprivileged user (uid 1000 inside,
+`nobody` outside when the grader is root; the grader's own user otherwise) in
+a user namespace of its own, with every capability dropped, `no_new_privs`,
+and no further user namespaces. When the grader runs as root, an outer
+bubblewrap builds the file system (root can bind any path), then drops to
+the unprivileged user, which starts the inner, unprivileged bubblewrap that
+creates the user namespace (so the submission's processes belong to
+`nobody` on the host, not to root). `probe()` checks all of this from inside
+before any submission is graded: zero capabilities, `mount` and new user
+namespaces refused, no path of the course root visible.
 
 Limits: a memory and a process-count limit for all the submission's
-processes together (cgroup v1 `memory` and `pids` controllers, or v2), and a
-per-process address-space limit where cgroups are not writable.
+processes together (cgroup v1 `memory` and `pids` controllers, or v2), at
+most 1 GiB per file, and a per-process address-space limit where cgroups are
+not writable.
 
 Without bubblewrap the grading command refuses to run unless told
 `--no-sandbox` (and then says so on every run): see the README's threat model.
@@ -25,22 +38,28 @@ Without bubblewrap the grading command refuses to run unless told
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import resource
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
-__all__ = ["Sandbox", "SandboxUnavailable", "sandbox_status"]
+__all__ = ["Sandbox", "SandboxUnavailable", "sandbox_status", "SANDBOX_UID"]
 
 _CG1 = "/sys/fs/cgroup"
 _counter = itertools.count()
+SANDBOX_UID = 1000  # the submission's uid (and gid) inside its user namespace
+_HOST_USER = "nobody"  # who the submission is on the host when the grader is root (AUTOGRADER_SANDBOX_USER)
+SCRATCH_BYTES = 512 * 2**20  # /tmp inside the sandbox
+SHM_BYTES = 128 * 2**20  # /dev/shm inside the sandbox
 
 
 class SandboxUnavailable(RuntimeError):
-    """bubblewrap is missing or cannot create namespaces on this machine."""
+    """bubblewrap is missing, cannot create its namespaces here, or its probe found privileges inside."""
 
 
 def _bwrap() -> str | None:
@@ -51,23 +70,81 @@ _PROBE: dict = {}
 
 
 def sandbox_status() -> tuple[bool, str]:
-    """(usable, why): whether bubblewrap can run a command here (probed once)."""
+    """(usable, why): whether the sandbox works here and holds no privileges (probed once per process)."""
     if "result" in _PROBE:
         return _PROBE["result"]
-    exe = _bwrap()
-    if exe is None:
+    if _bwrap() is None:
         result = (False, "bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
     else:
         try:
-            proc = subprocess.run([exe, "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid", "--dev", "/dev",
-                                   "--proc", "/proc", "--die-with-parent", "true"],
-                                  capture_output=True, text=True, timeout=30)
-            result = (proc.returncode == 0, "bubblewrap works" if proc.returncode == 0
-                      else f"bubblewrap cannot create its namespaces here: {proc.stderr.strip()[:300]}")
-        except (OSError, subprocess.SubprocessError) as exc:
-            result = (False, f"bubblewrap failed to start: {exc}")
+            facts = probe()
+            problems = probe_problems(facts)
+            result = (not problems, "bubblewrap works: no capabilities, mount and user namespaces refused, "
+                                    "nothing of the host's files but the runtime"
+                      if not problems else "the sandbox is not safe to grade in: " + "; ".join(problems))
+        except SandboxUnavailable as exc:
+            result = (False, str(exc))
     _PROBE["result"] = result
     return result
+
+
+_PROBE_CODE = r"""
+import ctypes, json, os, sys
+status = {}
+for line in open('/proc/self/status'):
+    key, _, value = line.partition(':')
+    status[key] = value.strip()
+libc = ctypes.CDLL(None, use_errno=True)
+def errno_of(rc):
+    return 0 if rc == 0 else ctypes.get_errno()
+facts = {
+    'uid': os.getuid(), 'euid': os.geteuid(), 'gid': os.getgid(),
+    'CapEff': status.get('CapEff'), 'CapPrm': status.get('CapPrm'), 'CapAmb': status.get('CapAmb'),
+    'NoNewPrivs': status.get('NoNewPrivs'),
+    'mount_errno': errno_of(libc.mount(b'none', b'/tmp', b'tmpfs', 0, None)),
+    'userns_errno': errno_of(libc.unshare(0x10000000)),
+    'visible': sorted(p for p in json.loads(sys.argv[1]) if os.path.lexists(p)),
+    'root': sorted(os.listdir('/')),
+}
+print(json.dumps(facts))
+"""
+
+
+def probe(course_root: str | None = None) -> dict:
+    """Facts measured inside a sandbox as every submission gets it (see `probe_problems`)."""
+    root = os.path.realpath(course_root or os.getcwd())
+    secrets = [os.path.join(root, p) for p in ("source", "solutions", "tests", "submitted", "gradebook.db",
+                                               "nbgrader_config.py")]
+    with tempfile.TemporaryDirectory(prefix="autograder-probe-") as inputs:
+        box = Sandbox(root, inputs, check=False)
+        try:
+            code, out = box.run([sys.executable, "-I", "-S", "-c", _PROBE_CODE, json.dumps(secrets)], timeout=60)
+        finally:
+            box.close()
+    try:
+        return json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise SandboxUnavailable(f"bubblewrap cannot create its sandbox here (exit {code}): "
+                                 f"{out.strip()[-400:]}") from None
+
+
+def probe_problems(facts: dict) -> list[str]:
+    """What makes a probed sandbox unsafe to grade in (an empty list: nothing)."""
+    problems = []
+    if facts.get("uid") == 0 or facts.get("euid") == 0:
+        problems.append(f"the submission would run as uid {facts.get('euid')} (root)")
+    for key in ("CapEff", "CapPrm", "CapAmb"):
+        if facts.get(key) and int(facts[key], 16) != 0:
+            problems.append(f"the submission would hold capabilities ({key} {facts[key]})")
+    if facts.get("NoNewPrivs") != "1":
+        problems.append("no_new_privs is not set")
+    if facts.get("mount_errno") == 0:
+        problems.append("mount succeeded inside the sandbox")
+    if facts.get("userns_errno") == 0:
+        problems.append("a new user namespace could be created inside the sandbox")
+    if facts.get("visible"):
+        problems.append(f"the course's files are visible inside: {', '.join(facts['visible'])}")
+    return problems
 
 
 def _under(path: str, root: str) -> bool:
@@ -117,7 +194,22 @@ class _Cgroups:
                 pass
         return out
 
+    def oom_kills(self) -> int:
+        """How many of the submission's processes the kernel killed for exceeding the memory limit."""
+        total = 0
+        for d in self.dirs:
+            for fname in ("memory.oom_control", "memory.events"):
+                try:
+                    with open(os.path.join(d, fname)) as f:
+                        lines = f.read().splitlines()
+                except OSError:
+                    continue
+                total += sum(int(line.split()[1]) for line in lines if line.startswith("oom_kill "))
+        return total
+
     def oom_killed(self) -> bool:
+        if self.oom_kills():
+            return True
         for d in self.dirs:
             for fname in ("memory.failcnt", "memory.events"):
                 try:
@@ -155,61 +247,157 @@ class _Cgroups:
                     time.sleep(0.05)
 
 
+def _host_ids() -> tuple[int, int]:
+    """The unprivileged host user the submission runs as when the grader is root."""
+    import pwd
+
+    name = os.environ.get("AUTOGRADER_SANDBOX_USER", _HOST_USER)
+    try:
+        entry = pwd.getpwnam(name)
+        return entry.pw_uid, entry.pw_gid
+    except KeyError:
+        return 65534, 65534
+
+
+# Dropping from root to the unprivileged host user, between the outer and the inner bubblewrap (run by the
+# sandbox's own interpreter in isolated mode: no site, no environment, no student code has run yet).
+_DROP = ("import os, sys; os.setgroups([]); os.setgid(int(sys.argv[2])); os.setuid(int(sys.argv[1])); "
+         "os.execv(sys.argv[3], sys.argv[3:])")
+
+
 class Sandbox:
     """Run one submission's processes isolated (bubblewrap) and limited (cgroups); see the module docstring.
 
+    `inputs` is a folder the grader made and fills (the notebook to run): the
+    submission reads it, read-only, at the same path, and never writes it.
+    Inside, the submission's scratch folder is `scratch` (in the private /tmp; the process makes it).
     `isolate=False` (the grading command's `--no-sandbox`) keeps the limits and
-    the kill-everything-afterwards, without the namespaces.
+    the kill-everything-afterwards, without the namespaces; its scratch space
+    is then a folder of the host's temp folder.
     """
 
-    def __init__(self, course_root: str, workdir: str, *, isolate: bool = True,
+    def __init__(self, course_root: str, inputs: str, *, isolate: bool = True,
                  memory_bytes: int | None = 4 * 2**30, max_pids: int | None = 512,
-                 extra_ro: tuple = (), extra_rw: tuple = ()):
+                 scratch_bytes: int = SCRATCH_BYTES, extra_ro: tuple = (), check: bool = True):
         self.root = os.path.realpath(course_root)
-        self.workdir = os.path.realpath(workdir)
+        self.inputs = os.path.realpath(inputs)
+        os.chmod(self.inputs, 0o755)  # the grader's folder: the submission (another user) reads it, never writes
         self.isolate = isolate
         self.memory_bytes = memory_bytes
+        self.scratch_bytes = scratch_bytes
         if isolate:
-            ok, why = sandbox_status()
-            if not ok:
-                raise SandboxUnavailable(why)
-        self.cgroups = _Cgroups(f"{os.getpid()}-{next(_counter)}-{os.path.basename(self.workdir)}",
+            if _bwrap() is None:
+                raise SandboxUnavailable("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
+            if check:
+                ok, why = sandbox_status()
+                if not ok:
+                    raise SandboxUnavailable(why)
+            self.scratch = "/tmp/work"
+            self._host_scratch = None
+        else:
+            self._host_scratch = tempfile.mkdtemp(prefix="autograder-scratch-")
+            self.scratch = self._host_scratch
+        self.cgroups = _Cgroups(f"{os.getpid()}-{next(_counter)}-{os.path.basename(self.inputs)}",
                                 memory_bytes, max_pids)
-        self.extra_ro = tuple(extra_ro)
-        self.extra_rw = tuple(os.path.realpath(p) for p in extra_rw)  # more folders the submission may write
+        self.extra_ro = tuple(os.path.realpath(p) for p in extra_ro)
         self.procs: list[subprocess.Popen] = []
 
-    # the paths put back, read-only, over what the sandbox hides: the course root and /tmp (a checkout or a
-    # virtual environment under /tmp, as in a CI clone, would otherwise vanish under the private /tmp)
+    # -- what the sandbox sees ------------------------------------------------------------------------------
     def _ro_paths(self) -> list[str]:
+        """Host paths bound read-only at the same place: the runtime, nothing of the course but its package."""
         import autograder
 
-        keep = [sys.prefix, os.path.dirname(os.path.abspath(autograder.__file__)), *self.extra_ro]
-        keep = {os.path.realpath(p) for p in keep}
-        return sorted(p for p in keep if _under(p, self.root) or _under(p, "/tmp"))
+        keep = ["/usr", sys.base_prefix, sys.prefix, os.path.dirname(os.path.abspath(autograder.__file__)),
+                self.inputs, *self.extra_ro]
+        for f in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime"):
+            if os.path.exists(f):
+                keep.append(f)
+        out = []
+        for p in sorted({os.path.realpath(p) for p in keep}):
+            if not any(_under(p, q) and p != q for q in out):
+                out.append(p)
+        return out
+
+    def _etc_files(self) -> dict[str, str]:
+        """Small files the runtime looks for, written by the grader (never the host's own)."""
+        return {
+            "/etc/passwd": f"root:x:0:0::/:/usr/sbin/nologin\nstudent:x:{SANDBOX_UID}:{SANDBOX_UID}::/tmp/home:"
+                           f"/bin/sh\nnobody:x:65534:65534::/nonexistent:/usr/sbin/nologin\n",
+            "/etc/group": f"root:x:0:\nstudent:x:{SANDBOX_UID}:\nnogroup:x:65534:\n",
+            "/etc/hosts": "127.0.0.1 localhost sandbox\n::1 localhost\n",
+            "/etc/nsswitch.conf": "passwd: files\ngroup: files\nhosts: files\n",
+        }
+
+    def _filesystem(self) -> list[str]:
+        """bubblewrap's arguments that build the sandbox's file system from an empty root."""
+        args = ["--dev", "/dev", "--proc", "/proc",
+                "--perms", "1777", "--size", str(self.scratch_bytes), "--tmpfs", "/tmp",
+                "--perms", "1777", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm"]
+        for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+            if os.path.islink(top):
+                args += ["--symlink", os.readlink(top), top]
+            elif os.path.isdir(top):
+                args += ["--ro-bind", top, top]
+        binds = self._ro_paths()
+        etc_dir = os.path.join(self.inputs, ".etc")
+        os.makedirs(etc_dir, exist_ok=True)
+        files = []
+        for dest, text in self._etc_files().items():
+            src = os.path.join(etc_dir, os.path.basename(dest))
+            with open(src, "w", encoding="utf-8") as f:
+                f.write(text)
+            files.append((src, dest))
+        dirs = set()
+        for dest in binds + [d for _, d in files]:
+            parent = os.path.dirname(dest)
+            while parent not in ("/", ""):
+                dirs.add(parent)
+                parent = os.path.dirname(parent)
+        for d in sorted(dirs, key=lambda p: (p.count("/"), p)):
+            if not any(_under(d, b) for b in binds):
+                args += ["--perms", "0755", "--dir", d]  # a parent folder bubblewrap would make 0700 as root
+        for p in binds:
+            args += ["--ro-bind", p, p]
+        for src, dest in files:
+            args += ["--ro-bind", src, dest]
+        return args
 
     def argv(self, cmd: list[str], cwd: str | None = None) -> list[str]:
+        """The command line that runs `cmd` in this sandbox, in `cwd` (inside; default /tmp, where the
+        submission's processes make their scratch folder)."""
+        cwd = cwd or ("/tmp" if self.isolate else self.scratch)
         if not self.isolate:
             return list(cmd)
-        args = [_bwrap(), "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-                "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
-                "--new-session", "--tmpfs", self.root]
-        for p in self._ro_paths():
-            args += ["--ro-bind", p, p]
-        for p in (self.workdir, *self.extra_rw):
-            args += ["--bind", p, p]
-        args += ["--chdir", cwd or self.workdir, "--"]
-        return args + list(cmd)
+        bwrap = _bwrap()
+        namespaces = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+                      "--hostname", "sandbox", "--die-with-parent", "--new-session"]
+        unprivileged = ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
+                        "--disable-userns", "--cap-drop", "ALL", "--die-with-parent"]
+        if os.geteuid() == 0:
+            # outer (root): the file system; then the unprivileged host user; inner: the user namespace
+            uid, gid = _host_ids()
+            inner = [bwrap, *unprivileged, "--bind", "/", "/", "--dev-bind", "/dev", "/dev", "--chdir", cwd,
+                     "--", *cmd]
+            return [bwrap, *namespaces, *self._filesystem(), "--chdir", "/", "--",
+                    sys.executable, "-I", "-S", "-c", _DROP, str(uid), str(gid), *inner]
+        return [bwrap, *namespaces, *unprivileged, *self._filesystem(), "--chdir", cwd, "--", *cmd]
 
     def env(self, base: dict | None = None) -> dict:
-        env = dict(os.environ if base is None else base)
-        env["TMPDIR"] = os.path.join(self.workdir, "tmp")
-        os.makedirs(env["TMPDIR"], exist_ok=True)
-        env["HOME"] = self.workdir
+        """The submission's environment: only what the runtime needs (no variable of the grader's own)."""
+        import autograder
+
+        base = dict(base or {})
+        pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(autograder.__file__)))
         if self.isolate:
-            # imports inside come from the environment and the autograder package only
-            pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__import__("autograder").__file__)))
-            env["PYTHONPATH"] = pkg_parent
+            home = "/tmp/home"
+            tmp = "/tmp"
+        else:
+            home = tmp = self.scratch
+        env = {"PATH": os.pathsep.join([os.path.dirname(sys.executable), "/usr/local/bin", "/usr/bin", "/bin"]),
+               "HOME": home, "TMPDIR": tmp, "USER": "student", "LOGNAME": "student", "LANG": "C.UTF-8",
+               "PYTHONPATH": pkg_parent, "PYTHONNOUSERSITE": "1", "MPLBACKEND": "Agg",
+               "MPLCONFIGDIR": os.path.join(home, ".matplotlib"), "TORCH_CPP_LOG_LEVEL": "ERROR"}
+        env.update({k: v for k, v in base.items() if k in _PASSED})
         return env
 
     def popen(self, cmd: list[str], *, env: dict | None = None, cwd: str | None = None, **kwargs):
@@ -218,30 +406,13 @@ class Sandbox:
         def enter():
             _enter_limits(cgroup_dirs, limit)
 
-        proc = subprocess.Popen(self.argv(cmd, cwd), env=self.env(env), cwd=cwd or self.workdir,
+        proc = subprocess.Popen(self.argv(cmd, cwd), env=self.env(env), cwd="/" if self.isolate else self.scratch,
                                 preexec_fn=enter, **kwargs)
         self.procs.append(proc)
         return proc
 
-    def command(self, cmd: list[str], *, env: dict | None = None, cwd: str | None = None) -> list[str]:
-        """An argv that runs `cmd` in this sandbox when started by code we do not control (jupyter_client
-        starting a kernel): a short Python shim does what `popen` does before exec (its own session, the
-        cgroups, the file-size and core limits, the environment), then execs bubblewrap (or `cmd`)."""
-        spec = {"cgroups": self.cgroups.dirs, "memory": None if self.cgroups.active else self.memory_bytes,
-                "env": self.env(env), "argv": self.argv(cmd, cwd), "cwd": cwd or self.workdir}
-        n = next(_counter)
-        spec["log"] = os.path.join(self.workdir, f"launch-{n}.log")
-        path = os.path.join(self.workdir, f"launch-{n}.json")
-        import json
-
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(spec, f)
-        pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(__import__("autograder").__file__)))
-        return [sys.executable, "-S", "-c", f"import sys; sys.path.insert(0, {pkg_parent!r}); "
-                "from autograder.sandbox import _launch; _launch(sys.argv[1])", path]
-
     def kill_all(self) -> None:
-        """Kill every process this sandbox started (the ones `command` launched included, via the cgroups)."""
+        """Kill every process this sandbox started (and everything they started, via the cgroups)."""
         for p in self.procs:
             try:
                 os.killpg(p.pid, signal.SIGKILL)
@@ -252,19 +423,16 @@ class Sandbox:
     def run(self, cmd: list[str], *, timeout: float, env: dict | None = None, cwd: str | None = None,
             output_limit: int = 200_000) -> tuple[int | None, str]:
         """Run to completion within `timeout` s; (exit status or None on timeout, the output's tail)."""
-        log_path = os.path.join(self.workdir, f"run-{len(self.procs)}.log")
-        with open(log_path, "wb") as log:
+        with tempfile.TemporaryFile() as log:
             proc = self.popen(cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
             try:
                 code = proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 code = None
             self.kill(proc)
-        with open(log_path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - output_limit))
-            tail = f.read().decode("utf-8", "replace")
+            size = log.seek(0, os.SEEK_END)
+            log.seek(max(0, size - output_limit))
+            tail = log.read().decode("utf-8", "replace")
         return code, tail
 
     def kill(self, proc: subprocess.Popen) -> None:
@@ -283,10 +451,15 @@ class Sandbox:
     def out_of_memory(self) -> bool:
         return self.cgroups.oom_killed()
 
+    def oom_kills(self) -> int:
+        return self.cgroups.oom_kills()
+
     def close(self) -> None:
         for p in self.procs:
             self.kill(p)
         self.cgroups.remove()
+        if self._host_scratch:
+            shutil.rmtree(self._host_scratch, ignore_errors=True)
 
     def __enter__(self):
         return self
@@ -295,13 +468,18 @@ class Sandbox:
         self.close()
 
 
+# variables a caller may pass through to the submission's processes (nothing else of the grader's environment)
+_PASSED = {"TORCH_CPP_LOG_LEVEL", "PYTHONHASHSEED", "PYTHONWARNINGS", "OMP_NUM_THREADS", "MPLBACKEND",
+           "AUTOGRADER_TRACEBACK", "CUDA_VISIBLE_DEVICES"}
+
+
 def _enter_limits(cgroup_dirs: list[str], memory_bytes: int | None) -> None:
     """In a new process, before it execs the submission's command: a session of its own, at most 1 GiB per
     file (Python gets EFBIG, an OSError: SIGXFSZ is ignored), no core dumps, and the submission's cgroups
     (its descendants follow) or, without cgroups, a bound on its address space (`memory_bytes`)."""
     try:
         os.setsid()
-    except OSError:  # already a session leader (jupyter_client starts kernels in a new session)
+    except OSError:  # already a session leader
         pass
     for limit_name, value in ((resource.RLIMIT_FSIZE, 2**30), (resource.RLIMIT_CORE, 0)):
         try:
@@ -319,19 +497,3 @@ def _enter_limits(cgroup_dirs: list[str], memory_bytes: int | None) -> None:
             resource.setrlimit(resource.RLIMIT_AS, (memory_bytes * 2, memory_bytes * 2))
         except (ValueError, OSError):
             pass
-
-
-def _launch(spec_path: str) -> None:
-    """The shim of `Sandbox.command` (runs in the new process, before exec): see there."""
-    import json
-
-    with open(spec_path, encoding="utf-8") as f:
-        spec = json.load(f)
-    _enter_limits(spec["cgroups"], spec["memory"])
-    os.chdir(spec["cwd"])
-    if spec.get("log"):  # what the process prints is not the grader's output
-        fd = os.open(spec["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
-    os.execvpe(spec["argv"][0], spec["argv"], spec["env"])

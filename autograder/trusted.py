@@ -9,16 +9,19 @@ Two processes per submission:
   notebook as JSON, executes only the source notebook's test cells (the
   instructor's code, hidden tests included) with every name the student
   defines bound to a `StudentRef`, and decides every verdict itself;
-- the **zygote**, in the sandbox, holds the student's cells, run once, in
-  order, and serves the grader's requests. In the course's grading command
-  it is the student's own nbgrader kernel, asked once the last cell ran
-  (`serve_kernel`, over a Unix socket); otherwise, or when that kernel died,
-  hung or cannot serve, a fresh interpreter (`_zygote_main`) that executes
-  the notebook's given, answer and scratch cells first. Its requests: run a
-  rank program on N ranks (it forks them, as `run_distributed` does) or
-  call a student function; it sends back only data, which the grader loads
-  with `torch.load(weights_only=True)` (tensors, numbers, strings,
-  containers and the ledger's records) or as JSON (errors).
+- the **zygote** (`_zygote_main`), a fresh interpreter in the sandbox, runs
+  the notebook's given, answer and scratch cells once, in order (never a
+  test cell: the grader runs each check once, here), then serves the
+  grader's requests: run a rank program on N ranks (it forks them, as
+  `run_distributed` does) or call a student function. Requests and replies
+  are length-prefixed frames on the zygote's stdin and stdout, bounded in
+  size (a reply over `MAX_REPLY` bytes is refused before it is read). What a
+  rank runs is sent by value (`dumps_by_value`: the checks' own functions
+  travel as code, never as a name the student's process could have
+  rebound), with the check's inputs only: expected results stay here. The
+  zygote sends back only data, which the grader loads with
+  `torch.load(weights_only=True)` (tensors, numbers, strings, containers
+  and the ledger's records) or as JSON (errors).
 
 Nothing the student's code does to Python objects can reach the grader: a
 patched check, a patched `run_distributed`, an IPython hook or an AST
@@ -38,10 +41,11 @@ import io
 import json
 import os
 import re
+import select
+import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -180,6 +184,77 @@ def remote_exception(record: dict) -> RemoteError:
 
 
 # ---------------------------------------------------------------------------
+# The channel: length-prefixed frames on the zygote's stdin and stdout, bounded in size
+# ---------------------------------------------------------------------------
+
+_PREFIX = struct.Struct(">4sIQ")  # magic, header length, blob length
+_MAGIC = b"AGZ1"
+MAX_HEADER = 1 << 20  # a frame's JSON header
+MAX_REPLY = 256 << 20  # a reply's data (the ranks' tensors): more is refused, the process stopped
+RESERVE_MB = 32  # scratch space kept for the runner while the student's cells run
+
+
+class ChannelError(RuntimeError):
+    """The other side closed the channel, broke its framing, sent too much, or did not answer in time."""
+
+
+def _write_all(fd: int, data: bytes, deadline: float | None = None) -> None:
+    view = memoryview(data)
+    while view:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([], [fd], [], left)[1]:
+                raise ChannelError("the submission's process did not take the grader's request in time")
+        try:
+            n = os.write(fd, view)
+        except BlockingIOError:
+            continue
+        except OSError as exc:
+            raise ChannelError(f"the submission's process closed its channel ({exc.strerror})") from None
+        view = view[n:]
+
+
+def send_frame(fd: int, header: dict, blob: bytes = b"", deadline: float | None = None) -> None:
+    data = json.dumps(header).encode("utf-8")
+    _write_all(fd, _PREFIX.pack(_MAGIC, len(data), len(blob)) + data + bytes(blob), deadline)
+
+
+def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise ChannelError("timeout")
+        try:
+            chunk = os.read(fd, min(n - len(buf), 1 << 20))
+        except BlockingIOError:
+            continue
+        if not chunk:
+            raise ChannelError("the submission's process closed its channel (it exited or was killed)")
+        buf += chunk
+    return bytes(buf)
+
+
+def read_frame(fd: int, deadline: float | None = None, max_blob: int = MAX_REPLY) -> tuple[dict, bytes]:
+    """One frame; a frame larger than the limits is refused before anything of it is kept."""
+    magic, n_header, n_blob = _PREFIX.unpack(_read_exact(fd, _PREFIX.size, deadline))
+    if magic != _MAGIC:
+        raise ChannelError("the submission's process wrote something else than the grader's protocol on its "
+                           "channel")
+    if n_header > MAX_HEADER or n_blob > max_blob:
+        raise ChannelError(f"the submission's process sent a reply of {n_header + n_blob:,} bytes (at most "
+                           f"{max_blob:,} are accepted): rank programs return small tensors, numbers and strings")
+    try:
+        header = json.loads(_read_exact(fd, n_header, deadline).decode("utf-8"))
+    except ValueError:
+        raise ChannelError("the submission's process sent a malformed reply") from None
+    if not isinstance(header, dict):
+        raise ChannelError("the submission's process sent a malformed reply")
+    return header, _read_exact(fd, n_blob, deadline)
+
+
+# ---------------------------------------------------------------------------
 # The zygote: runs in the sandbox, executes the student's cells, serves requests
 # ---------------------------------------------------------------------------
 
@@ -211,13 +286,21 @@ def _executable_cells(nb: dict, skip: frozenset = frozenset()) -> list[tuple[str
     return out
 
 
-def _zygote_main(workdir: str, notebook_path: str, output_limit: int, skip_path: str = "") -> None:
-    """Entry point in the sandbox: run the cells, then serve requests read from stdin (one JSON per line)."""
+def _zygote_main(inputs: str, workdir: str, output_limit: int) -> None:
+    """Entry point in the sandbox: run the cells, then serve the grader's requests (frames on stdin/stdout).
+
+    `inputs` (read-only here) holds the notebook and the free cells to skip, written by the grader;
+    `workdir` is the submission's own scratch folder.
+    """
     import linecache
 
-    # the reply channel gets a private descriptor; fds 1 and 2 (the student's prints, C++ logs) go to a
-    # capped log. (Code in this process could still write to the channel: the grader trusts no reply.)
-    reply = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.makedirs(workdir, exist_ok=True)
+    os.chdir(workdir)
+    # the channel gets private descriptors; fds 0, 1 and 2 (the student's prints, C++ logs) go elsewhere.
+    # (Code in this process could still use the channel: the grader takes only data from it.)
+    requests, reply = os.dup(0), os.dup(1)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
     log = open(os.path.join(workdir, "zygote.log"), "w", encoding="utf-8", errors="replace")
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
@@ -227,16 +310,20 @@ def _zygote_main(workdir: str, notebook_path: str, output_limit: int, skip_path:
 
     import autograder.agreement  # noqa: F401 - dispatch-mode imports, paid once
 
-    with open(notebook_path, encoding="utf-8") as f:
+    with open(os.path.join(inputs, "submission.ipynb"), encoding="utf-8") as f:
         nb = json.load(f)
-    skip = frozenset()
-    if skip_path:
-        with open(skip_path, encoding="utf-8") as f:
-            skip = frozenset(json.load(f))
+    with open(os.path.join(inputs, "skip.json"), encoding="utf-8") as f:
+        skip = frozenset(json.load(f))
     namespace: dict = {"__name__": "__main__", "__builtins__": __builtins__}
     global _NAMESPACE
     _NAMESPACE = namespace  # StudentRefs arriving here (and in the forked ranks) are the student's objects
     cell_errors = []
+    # room kept for the runner's own files (rendezvous, rank logs, results) in the scratch space, which a
+    # notebook that fills it in its cells would otherwise leave with none: given back once the cells ran
+    reserve = os.path.join(tempfile.gettempdir(), ".autograder-reserve")
+    with contextlib.suppress(OSError), open(reserve, "wb") as f:
+        for _ in range(RESERVE_MB):
+            f.write(bytes(1 << 20))
     for filename, src in _executable_cells(nb, skip):
         linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
         try:
@@ -245,87 +332,68 @@ def _zygote_main(workdir: str, notebook_path: str, output_limit: int, skip_path:
             if isinstance(exc, KeyboardInterrupt):
                 raise
             cell_errors.append({"cell": filename, "error": f"{type(exc).__name__}: {exc}"[:500]})
-    _send(reply, {"ready": True, "cell_errors": cell_errors})
-    _serve(sys.stdin, reply, workdir, namespace)
+    with contextlib.suppress(OSError):
+        os.remove(reserve)
+    send_frame(reply, {"ready": True, "cell_errors": cell_errors[:50]})
+    _serve(requests, reply, namespace)
 
 
-def _serve(requests, reply, workdir: str, namespace: dict) -> None:
-    """Answer the grader's requests (one JSON per line of `requests`) until it closes the channel."""
+def _serve(requests: int, reply: int, namespace: dict) -> None:
+    """Answer the grader's requests until it closes the channel."""
     import cloudpickle
 
     from autograder import dist
     from autograder.dist import _exception_record
 
-    for line in requests:
-        req = json.loads(line)
-        rid = req["id"]
-        out_path = os.path.join(workdir, f"res{rid}")
+    while True:
         try:
-            with open(os.path.join(workdir, f"req{rid}.pkl"), "rb") as f:
-                payload = cloudpickle.load(f)
-            if req["op"] == "run":
-                fn, world_size, kwargs = payload
+            req, payload = read_frame(requests, max_blob=1 << 40)
+        except ChannelError:
+            return  # the grader is done
+        rid = req.get("id")
+        try:
+            fn_or_name, *rest = cloudpickle.loads(payload)
+            if req.get("op") == "run":
+                world_size, kwargs = rest
                 kwargs = dict(kwargs)
                 kwargs["args"] = resolve(kwargs.get("args", ()), namespace)
                 try:
-                    result = dist.run_distributed(fn, world_size, **kwargs)
-                    _save(out_path, result)
-                    _send(reply, {"id": rid, "ok": True})
+                    result = dist.run_distributed(fn_or_name, world_size, **kwargs)
+                    send_frame(reply, {"id": rid, "ok": True}, _to_bytes(result))
                 except dist.DistributedError as exc:
-                    _send_json(out_path, {"summary": exc.summary,
-                                          "failures": [dataclasses.asdict(f) for f in exc.failures]})
-                    _send(reply, {"id": rid, "ok": False, "kind": "distributed"})
+                    send_frame(reply, {"id": rid, "ok": False, "kind": "distributed"},
+                               json.dumps({"summary": exc.summary, "failures": [dataclasses.asdict(f)
+                                                                                for f in exc.failures]}).encode())
             else:  # "call": a student function called by a check in the grader
-                name, args, kwargs = payload
+                args, kwargs = rest
                 try:
-                    value = resolve(StudentRef(name), namespace)(*resolve(args, namespace),
-                                                                  **resolve(kwargs, namespace))
-                    _save(out_path, value)
-                    _send(reply, {"id": rid, "ok": True})
+                    value = resolve(StudentRef(fn_or_name), namespace)(*resolve(args, namespace),
+                                                                        **resolve(kwargs, namespace))
+                    send_frame(reply, {"id": rid, "ok": True}, _to_bytes(value))
                 except BaseException as exc:  # noqa: BLE001 - sent back as data
                     if isinstance(exc, KeyboardInterrupt):
                         raise
-                    _send_json(out_path, _exception_record(exc))
-                    _send(reply, {"id": rid, "ok": False, "kind": "call"})
+                    send_frame(reply, {"id": rid, "ok": False, "kind": "call"},
+                               json.dumps(_exception_record(exc)).encode())
+        except ChannelError:
+            return
         except BaseException as exc:  # noqa: BLE001 - never die on a bad request
             if isinstance(exc, KeyboardInterrupt):
                 raise
-            _send_json(out_path, {"type": type(exc).__name__, "message": str(exc)[:2000], "frames": [],
-                                  "stub": "", "text": traceback.format_exc()[-4000:]})
-            _send(reply, {"id": rid, "ok": False, "kind": "call"})
+            record = {"type": type(exc).__name__, "message": str(exc)[:2000], "frames": [], "stub": "",
+                      "text": traceback.format_exc()[-4000:]}
+            try:
+                send_frame(reply, {"id": rid, "ok": False, "kind": "call"}, json.dumps(record).encode())
+            except ChannelError:
+                return
 
 
-def serve_kernel(socket_path: str, workdir: str, output_limit: int = 1_000_000) -> None:
-    """In the student's kernel, after nbgrader ran the notebook: be the zygote of the trusted run.
+def _to_bytes(value) -> bytes:
+    import torch
 
-    The kernel already holds what the zygote would build (the student's cells, run once, in order), so the
-    grader asks it instead of starting a second interpreter and running the cells again. Nothing changes for
-    trust: the grader takes only data from here, exactly as from a zygote. What ranks print while serving goes
-    to a capped log, not to the kernel's output channel.
-    """
-    import socket
-
-    global _NAMESPACE
-    namespace = get_ipython().user_ns  # noqa: F821 - run in the kernel by the grader
-    saved = sys.stdout, sys.stderr, os.dup(1), os.dup(2)
-    log = open(os.path.join(workdir, "serve.log"), "w", encoding="utf-8", errors="replace")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(socket_path)
-        requests, reply = sock.makefile("r", encoding="utf-8"), sock.makefile("w", encoding="utf-8")
-        os.dup2(log.fileno(), 1)
-        os.dup2(log.fileno(), 2)
-        sys.stdout = sys.stderr = _Capped(log, output_limit)
-        _NAMESPACE = namespace
-        _send(reply, {"ready": True, "cell_errors": []})
-        _serve(requests, reply, workdir, namespace)
-    finally:
-        _NAMESPACE = None
-        sys.stdout, sys.stderr = saved[0], saved[1]
-        os.dup2(saved[2], 1)
-        os.dup2(saved[3], 2)
-        sock.close()
-        log.close()
+    buf = io.BytesIO()
+    torch.save(value, buf)
+    return buf.getvalue()
 
 
 class _Capped(io.TextIOBase):
@@ -345,118 +413,93 @@ class _Capped(io.TextIOBase):
         self.raw.flush()
 
 
-def _save(path: str, value) -> None:
-    import torch
-
-    buf = io.BytesIO()
-    torch.save(value, buf)
-    with open(path + ".pt", "wb") as f:
-        f.write(buf.getvalue())
-
-
-def _send_json(path: str, record: dict) -> None:
-    with open(path + ".json", "w", encoding="utf-8") as f:
-        json.dump(record, f)
-
-
-def _send(stream, message: dict) -> None:
-    stream.write(json.dumps(message) + "\n")
-    stream.flush()
-
-
 # ---------------------------------------------------------------------------
 # The grader's side
 # ---------------------------------------------------------------------------
 
 _CLIENT: dict = {}
+# what a rank program is made of travels by value: the check's own functions (and theirs), never a name the
+# student's process looks up (where a notebook could have replaced it)
+_BY_VALUE = ("autograder.checks",)
+
+
+def dumps_by_value(obj) -> bytes:
+    """cloudpickle of `obj`, with every function of the course's checks sent by value (its code), not by
+    name; classes, modules and the runtime's functions still go by name."""
+    import pickle
+    import types
+
+    import cloudpickle
+
+    class _ByValue(cloudpickle.Pickler):
+        def reducer_override(self, o):
+            if isinstance(o, types.FunctionType) and (getattr(o, "__module__", None) or "").startswith(_BY_VALUE):
+                return self._dynamic_function_reduce(o)
+            return super().reducer_override(o)
+
+    buf = io.BytesIO()
+    _ByValue(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buf.getvalue()
 
 
 class ZygoteClient:
-    """The grader's handle on one submission's zygote (started in `sandbox`, if given)."""
+    """The grader's handle on one submission's zygote (started in `sandbox`, if given).
 
-    def __init__(self, notebook: dict, workdir: str, *, sandbox=None, start_timeout: float = 120.0,
-                 output_limit: int = 1_000_000, skip_cells=(), kernel: "KernelChannel | None" = None):
-        self.workdir = workdir
-        self.notebook_path = os.path.join(workdir, "submission.ipynb")
-        with open(self.notebook_path, "w", encoding="utf-8") as f:
-            json.dump(notebook, f)
-        self.skip_path = os.path.join(workdir, "skip.json")
-        with open(self.skip_path, "w", encoding="utf-8") as f:
-            json.dump(sorted(skip_cells), f)
+    `inputs` is a folder only the grader writes (the sandbox reads it);
+    `workdir` the zygote's scratch folder (inside the sandbox: its private /tmp).
+    """
+
+    def __init__(self, notebook: dict, inputs: str, workdir: str, *, sandbox=None, start_timeout: float = 120.0,
+                 output_limit: int = 1_000_000, skip_cells=()):
+        self.inputs, self.workdir = inputs, workdir
+        _write_new(os.path.join(inputs, "submission.ipynb"), json.dumps(notebook))
+        _write_new(os.path.join(inputs, "skip.json"), json.dumps(sorted(skip_cells)))
         self.sandbox = sandbox
         self.start_timeout = start_timeout
         self.output_limit = output_limit
         self.proc = None
         self.cell_errors: list = []
+        self.starts = 0
         self._next = 0
-        self._lines = None
-        self._writer = None
-        self.kernel = kernel  # the student's live nbgrader kernel, asked first (once: a restart is a zygote)
-        self._sock = None
 
     # -- life cycle -----------------------------------------------------------------
     def start(self) -> None:
-        if self.kernel is not None:
-            kernel, self.kernel = self.kernel, None
-            sock = kernel.connect()
-            if sock is not None:
-                self._sock = sock
-                self._lines = _LineReader(sock.makefile("rb"))
-                self._writer = sock.makefile("w", encoding="utf-8")
-                msg = self._lines.get(self.start_timeout)
-                if msg is not None and msg.get("ready"):
-                    kernel.served = True
-                    self.cell_errors = list(kernel.cell_errors)
-                    self._kill_kernel = kernel.kill
-                    return
-                self._close_socket()
-            kernel.kill()  # it did not serve: it holds memory and processes the zygote may need
+        self.starts += 1
         cmd = [sys.executable, "-c", "from autograder.trusted import _zygote_main; import sys; "
-               "_zygote_main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4])",
-               self.workdir, self.notebook_path, str(self.output_limit), self.skip_path]
-        env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", "TMPDIR": self.workdir,
-               "PYTHONHASHSEED": "0", "MPLBACKEND": "Agg"}
-        env.pop("PYTHONSTARTUP", None)
+               "_zygote_main(sys.argv[1], sys.argv[2], int(sys.argv[3]))",
+               self.inputs, self.workdir, str(self.output_limit)]
+        env = {"TORCH_CPP_LOG_LEVEL": "ERROR", "PYTHONHASHSEED": "0", "MPLBACKEND": "Agg"}
         if self.sandbox is not None:
             self.proc = self.sandbox.popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                           stderr=subprocess.DEVNULL, cwd=self.workdir, text=True)
+                                           stderr=subprocess.DEVNULL)
         else:
-            self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.DEVNULL, cwd=self.workdir, text=True,
+            os.makedirs(self.workdir, exist_ok=True)
+            self.proc = subprocess.Popen(cmd, env={**os.environ, **env, "TMPDIR": self.workdir}, cwd=self.workdir,
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                          start_new_session=True)
-        self._lines = _LineReader(self.proc.stdout)
-        self._writer = self.proc.stdin
-        msg = self._lines.get(self.start_timeout)
-        if msg is None or not msg.get("ready"):
+        self._out = self.proc.stdout.fileno()
+        self._in = self.proc.stdin.fileno()
+        os.set_blocking(self._out, False)
+        os.set_blocking(self._in, False)
+        try:
+            msg, _ = read_frame(self._out, time.monotonic() + self.start_timeout, max_blob=0)
+        except ChannelError as exc:
             self.close()
-            raise RuntimeError("the submission's cells did not finish running within "
-                               f"{self.start_timeout:g} s (or its process died)")
-        self.cell_errors = msg.get("cell_errors", [])
-
-    def _close_socket(self) -> None:
-        import socket
-
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)  # the kernel's serving loop and our reader both see the end
-        for f in (self._writer, self._sock):
-            try:
-                f.close()
-            except OSError:
-                pass
-        self._sock = self._writer = None
+            why = ("the submission's cells did not finish running within " f"{self.start_timeout:g} s (or its "
+                   "process died)") if str(exc) == "timeout" or "closed" in str(exc) else str(exc)
+            raise RuntimeError(why) from None
+        if not msg.get("ready"):
+            self.close()
+            raise RuntimeError("the submission's process did not start serving the grader")
+        errors = msg.get("cell_errors") or []
+        self.cell_errors = [{"cell": str(e.get("cell", ""))[:100], "error": str(e.get("error", ""))[:500]}
+                            for e in errors[:50] if isinstance(e, dict)] if isinstance(errors, list) else []
 
     def _alive(self) -> bool:
-        if self._sock is not None:
-            return not self._lines.closed
         return self.proc is not None and self.proc.poll() is None
 
-    def close(self, kill: bool = True) -> None:
-        """Stop the zygote; the student's kernel, when it served, only when `kill` (it stopped answering)."""
-        if self._sock is not None:
-            self._close_socket()
-            if kill:
-                self._kill_kernel()
-            return
+    def close(self) -> None:
+        """Stop the zygote and everything it started."""
         if self.proc is None:
             return
         if self.sandbox is not None:
@@ -470,6 +513,9 @@ class ZygoteClient:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
             pass
+        for f in (self.proc.stdin, self.proc.stdout):
+            with contextlib.suppress(OSError):
+                f.close()
         self.proc = None
 
     def __enter__(self):
@@ -479,36 +525,32 @@ class ZygoteClient:
 
     def __exit__(self, *exc):
         _CLIENT.pop("client", None)
-        self.close(kill=False)
+        self.close()
 
     # -- requests ---------------------------------------------------------------------
     def _request(self, op: str, payload, timeout: float):
-        import cloudpickle
-
         if not self._alive():
             self.close()
             self.start()  # a previous request killed it: a fresh one for the next check
         self._next += 1
         rid = self._next
-        with open(os.path.join(self.workdir, f"req{rid}.pkl"), "wb") as f:
-            cloudpickle.dump(payload, f)
+        deadline = time.monotonic() + timeout
         try:
-            self._writer.write(json.dumps({"id": rid, "op": op}) + "\n")
-            self._writer.flush()
-        except (BrokenPipeError, OSError):
-            pass
-        msg = self._lines.get(timeout)
-        while msg is not None and msg.get("id") != rid:
-            msg = self._lines.get(timeout)
-        base = os.path.join(self.workdir, f"res{rid}")
-        if msg is None:
+            send_frame(self._in, {"id": rid, "op": op}, dumps_by_value(payload), deadline)
+            while True:
+                header, blob = read_frame(self._out, deadline)
+                if header.get("id") == rid:
+                    break
+        except ChannelError as exc:
             self.close()
-            return None, {"type": "TimeoutError", "message": f"the submission did not answer within {timeout:g} s "
-                          f"(or its process died); it was stopped", "frames": [], "stub": ""}
+            why = (f"the submission did not answer within {timeout:g} s (or its process died); it was stopped"
+                   if str(exc) == "timeout" else f"{exc}; it was stopped")
+            return None, {"type": "TimeoutError" if str(exc) == "timeout" else "RuntimeError", "message": why,
+                          "frames": [], "stub": ""}
         try:
-            if msg.get("ok"):
-                return safe_load(_read_own(base + ".pt")), None
-            err = json.loads(_read_own(base + ".json").decode("utf-8"))
+            if header.get("ok"):
+                return safe_load(blob), None
+            err = json.loads(blob.decode("utf-8"))
             if not isinstance(err, dict):
                 raise ValueError("not a record")
             return None, err
@@ -529,8 +571,11 @@ class ZygoteClient:
             return value
         if "summary" in err:
             fields = {f.name for f in dataclasses.fields(RankFailure)}
-            failures = [RankFailure(**{k: v for k, v in f.items() if k in fields}) for f in err["failures"]]
-            raise DistributedError(err["summary"], failures)
+            try:
+                failures = [RankFailure(**{k: v for k, v in f.items() if k in fields}) for f in err["failures"]]
+            except (TypeError, AttributeError):
+                failures = []
+            raise DistributedError(str(err["summary"]), failures)
         raise DistributedError(f"run_distributed: {err.get('type')}: {err.get('message')}", [])
 
     def call(self, name: str, args, kwargs):
@@ -540,91 +585,11 @@ class ZygoteClient:
         raise remote_exception(err)
 
 
-def _read_own(path: str) -> bytes:
-    """A file the submission's process wrote, never through a link it planted (to a file only the grader
-    could read)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(fd, "rb") as f:
-        return f.read()
-
-
-class KernelChannel:
-    """The grader's way into the student's live kernel (see `serve_kernel`).
-
-    `execute(code)` sends code to the kernel without waiting; `failed()` is
-    true once the kernel answered that request with an error (the student's
-    code broke what it needs: then a zygote of its own serves instead);
-    `kill()` stops the kernel and everything it started.
-    """
-
-    def __init__(self, socket_dir: str, workdir: str, execute, failed, kill, *, cell_errors=(),
-                 timeout: float = 10.0):
-        self.socket_path = os.path.join(socket_dir, "zygote.sock")
-        self.workdir, self.execute, self.failed, self.kill = workdir, execute, failed, kill
-        self.cell_errors = list(cell_errors)
-        self.timeout = timeout
-        self.served = False  # whether the kernel answered (else a zygote of its own served)
-
-    def connect(self):
-        """The connected socket, or None if the kernel did not connect within the timeout."""
-        import socket
-
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(self.socket_path)
-        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            server.bind(self.socket_path)
-            server.listen(1)
-            server.settimeout(0.1)
-            self.execute(f"import autograder.trusted as __trusted; __trusted.serve_kernel({self.socket_path!r}, "
-                         f"{self.workdir!r}); del __trusted")
-            deadline = time.monotonic() + self.timeout
-            while time.monotonic() < deadline:
-                try:
-                    conn, _ = server.accept()
-                except TimeoutError:
-                    if self.failed():
-                        return None
-                    continue
-                conn.settimeout(None)
-                return conn
-            return None
-        finally:
-            server.close()
-
-
-class _LineReader:
-    """Lines from a pipe, with a timeout (a thread reads; the grader waits on a condition)."""
-
-    def __init__(self, stream):
-        self.lines: list = []
-        self.cond = threading.Condition()
-        self.closed = False
-        threading.Thread(target=self._pump, args=(stream,), daemon=True).start()
-
-    def _pump(self, stream):
-        for raw in stream:
-            line = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                continue  # not a message (the zygote's own stdout is redirected; defensive)
-            with self.cond:
-                self.lines.append(msg)
-                self.cond.notify_all()
-        with self.cond:
-            self.closed = True
-            self.cond.notify_all()
-
-    def get(self, timeout: float):
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while not self.lines:
-                left = deadline - time.monotonic()
-                if left <= 0 or self.closed:
-                    return None
-                self.cond.wait(left)
-            return self.lines.pop(0)
+def _write_new(path: str, text: str) -> None:
+    """Create `path` (it must not exist: never through a link) with `text`."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 # ---------------------------------------------------------------------------
@@ -703,20 +668,29 @@ def _not_graded(tests: list, why: str) -> dict[str, CellVerdict]:
                                               why, False) for c in tests}
 
 
-def grade_notebook(submitted: dict, source: dict, *, workdir: str | None = None, sandbox=None,
-                   budget: float = 600.0, kernel: KernelChannel | None = None) -> tuple[dict[str, CellVerdict], list]:
+def grade_notebook(submitted: dict, source: dict, *, inputs: str | None = None, sandbox=None,
+                   budget: float = 600.0, memory_note: str = "out of memory") -> tuple[dict[str, CellVerdict], list]:
     """Trusted verdicts of every graded cell of `submitted` (dicts of the notebooks' JSON).
 
-    Test cells come from `source` (hidden tests included); the student's
-    cells run only in the zygote (the student's live kernel, if `kernel` is given and it answers; a fresh
-    interpreter in `sandbox` otherwise). Returns (verdicts by grade id, the
+    Test cells come from `source` (hidden tests included) and run here; the
+    student's cells run only in the zygote, a fresh interpreter in `sandbox`
+    (or a plain subprocess without one). `inputs` is a folder only the grader
+    writes (made here if not given). Returns (verdicts by grade id, the
     student's cell errors). `budget` bounds the whole notebook (seconds).
+    A check during which the sandbox killed a process for its memory says so
+    first (`memory_note`), whatever the process's death looked like from here.
     """
     from autograder import dist
     from autograder.report import show_internals  # noqa: F401 - the checks' messages, as in the notebook
 
-    own = workdir is None
-    workdir = workdir or tempfile.mkdtemp(prefix="autograder-trusted-")
+    own = inputs is None
+    inputs = inputs or tempfile.mkdtemp(prefix="autograder-inputs-")
+    scratch = None
+    if sandbox is not None:
+        workdir = sandbox.scratch
+    else:
+        scratch = tempfile.mkdtemp(prefix="autograder-zygote-")
+        workdir = scratch
     verdicts: dict[str, CellVerdict] = {}
     tests = [c for c in source["cells"] if c.get("cell_type") == "code" and _meta(c).get("grade")
              and not _meta(c).get("solution")]
@@ -725,12 +699,16 @@ def grade_notebook(submitted: dict, source: dict, *, workdir: str | None = None,
     deadline = time.monotonic() + budget
     try:
         released_free = {_src(c) for c in source["cells"] if c.get("cell_type") == "code" and not _meta(c)}
-        client = ZygoteClient(copy.deepcopy(submitted), workdir, sandbox=sandbox, start_timeout=min(120.0, budget),
-                              skip_cells=released_free, kernel=kernel)
+        client = ZygoteClient(copy.deepcopy(submitted), inputs, workdir, sandbox=sandbox,
+                              start_timeout=min(120.0, budget), skip_cells=released_free)
+        def oom_kills() -> int:
+            return sandbox.oom_kills() if sandbox is not None and hasattr(sandbox, "oom_kills") else 0
+
         try:
             client.__enter__()
         except RuntimeError as exc:
-            return _not_graded(tests, f"not graded: {exc}"), []
+            why = f"{memory_note} while running the notebook's cells; " if oom_kills() else ""
+            return _not_graded(tests, f"not graded: {why}{exc}"), []
         dist.set_executor(client)
         try:
             namespace: dict = {"__name__": "__grader__"}
@@ -759,18 +737,23 @@ def grade_notebook(submitted: dict, source: dict, *, workdir: str | None = None,
                                                 f"not graded: the notebook's time budget ({budget:g} s) ran out")
                     continue
                 visible, hidden = _split_hidden(_src(c))
+                killed = oom_kills()
                 ok_v, msg_v = _exec_test(visible, namespace, f"<test {gid}>")
                 ok, msg = ok_v, msg_v
                 if ok_v and hidden is not None:
                     ok, msg_h = _exec_test(hidden, namespace, f"<test {gid}>")
                     msg = msg_h if not ok else msg_v
+                if not ok and oom_kills() > killed:
+                    msg = f"{memory_note}: the submission's processes were killed during this check. {msg}"
                 verdicts[gid] = CellVerdict(gid, ok, points if ok else 0.0, points, msg, ok_v)
         finally:
             dist.set_executor(None)
             client.__exit__(None, None, None)
         return verdicts, client.cell_errors
     finally:
-        if own:
-            import shutil
+        import shutil
 
-            shutil.rmtree(workdir, ignore_errors=True)
+        if own:
+            shutil.rmtree(inputs, ignore_errors=True)
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)

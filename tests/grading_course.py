@@ -120,9 +120,9 @@ def write_submission(root: str, student: str, nb, *, name: str | None = None) ->
     return path
 
 
-def run_grade(root: str, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+def run_grade(root: str, *args: str, timeout: float = 1800, preexec_fn=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "autograder.grade", *args], cwd=root, env=env(root),
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, preexec_fn=preexec_fn)
 
 
 def records(root: str) -> dict[str, dict]:

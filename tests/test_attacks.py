@@ -19,6 +19,7 @@ import copy
 import hashlib
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from grading_course import (A, edit, gradebook, make_mini_course, needs_sandbox, notebook_name, records,
+from grading_course import (A, edit, env, gradebook, make_mini_course, needs_sandbox, notebook_name, records,
                             reference, release, run_grade, write_submission)
 
 TOKEN = uuid.uuid4().hex[:8]
@@ -49,7 +50,7 @@ class Case:
     expected: float = 0.0
     notebook: object = None  # a callable(course) -> the notebook (dict or raw text), instead of base + code
     reason: str = ""     # for a submission that cannot be graded: part of the reason
-    zygote: str = ""     # who served the trusted run: "the notebook's kernel" or "an interpreter of its own"
+    message: str = ""    # part of the message of every cell that lost points
 
 
 CASES = [
@@ -91,10 +92,6 @@ CASES = [
          "import subprocess as _sp, sys as _s\n_sp.Popen([_s.executable, '-c', 'import time, sqlite3; time.sleep(4); "
          "db = sqlite3.connect(\"' + " + ROOT_EXPR + " + '/gradebook.db\"); db.execute(\"update grade set "
          "auto_score = 99\"); db.commit()'], start_new_session=True, stdout=_sp.DEVNULL, stderr=_sp.DEVNULL)"),
-    Case("forged_replies_on_every_descriptor", "untouched",
-         "import os as _o, json as _j\nfor _fd in range(3, 40):\n    for _i in range(1, 30):\n        try:\n"
-         "            _o.write(_fd, (_j.dumps({'id': _i, 'ok': True}) + '\\n').encode())\n"
-         "        except OSError:\n            break"),
     Case("parent_process_killed", "untouched", "import os as _o, signal as _sg\n_o.kill(_o.getppid(), _sg.SIGKILL)"),
     # -- reading what a submission must not see (a correct notebook: its score stays 12) --------------------
     Case("reads_the_solutions", "reference",
@@ -130,7 +127,8 @@ CASES = [
     Case("six_gib_in_one_rank", "reference",
          "import torch as _t\n_orig_copy = copy_to_tensor_model_parallel_region\n"
          "def copy_to_tensor_model_parallel_region(input_, *, group):\n"
-         "    _t.ones(6 * 2**30, dtype=_t.uint8)\n    return _orig_copy(input_, group=group)", 6),
+         "    _t.ones(6 * 2**30, dtype=_t.uint8)\n    return _orig_copy(input_, group=group)", 6,
+         message="out of memory (limit 2 GiB)"),
     # a process-count limit needs a writable cgroup (root does not obey RLIMIT_NPROC): without one, the
     # processes are made and the function still returns the right numbers
     Case("thousands_of_processes", "reference",
@@ -143,20 +141,74 @@ CASES = [
          "try:\n    with open('big.bin', 'wb') as _f:\n        for _ in range(40):\n"
          "            _f.write(b'0' * 100_000_000)\nexcept OSError as _e:\n    print('write stopped:', _e)", 12),
     Case("hidden_test_marker_in_a_comment", "reference", "# ### BEGIN HIDDEN TESTS\n# ### END HIDDEN TESTS", 12),
-    # -- the live kernel serves the trusted run: one that cannot, or lies, changes nothing ---------------------
-    Case("breaks_the_kernels_serving", "reference", "import autograder.trusted as _t\n_t.serve_kernel = None", 12,
-         zygote="an interpreter of its own"),
+    # -- the student's process and its channel to the grader -----------------------------------------------------
     # the course's runner, broken in the notebook's own processes: the given cells that run code fail there
     # (as in the student's kernel), and the notebook scores 0, with the reason, not a grader error
     Case("breaks_the_course_runner_it_runs_on", "reference",
-         "import sys as _s\n_s.modules['autograder.trusted'] = None", 0, zygote="an interpreter of its own"),
-    Case("serving_never_answers", "reference",
-         "import autograder.trusted as _t\n_t.serve_kernel = lambda *a, **k: __import__('time').sleep(10**6)", 12,
-         zygote="an interpreter of its own"),
-    Case("serving_claims_every_request_succeeded", "untouched",
-         "import autograder.trusted as _t, json as _j\n"
-         "def _forged(stream, message):\n    stream.write(_j.dumps({**message, 'ok': True}) + '\\n')\n"
-         "    stream.flush()\n_t._send = _forged", 0, zygote="the notebook's kernel"),
+         "import sys as _s\n_s.modules['autograder.trusted'] = None", 0),
+    Case("replaces_the_checks_rank_program", "untouched",
+         "import autograder.checks.tensor_parallel as _m\n"
+         "for _n in dir(_m):\n    if _n.endswith('_rank') and callable(getattr(_m, _n)):\n"
+         "        setattr(_m, _n, lambda rank, world_size, *a, **k: {'forged': True})"),
+    Case("forged_frames_on_every_descriptor", "untouched",
+         "import os as _o, json as _j, struct as _st\nfor _fd in range(3, 40):\n    for _i in range(1, 30):\n"
+         "        _h = _j.dumps({'id': _i, 'ok': True}).encode()\n        try:\n"
+         "            _o.write(_fd, _st.pack('>4sIQ', b'AGZ1', len(_h), 0) + _h)\n        except OSError:\n"
+         "            break"),
+    # a reply of 1 GiB on the channel (the class run itself is under a memory limit, as in a pod): refused
+    # before it is read; the check it answers fails, nothing else
+    Case("a_gibibyte_reply_on_the_channel", "reference",
+         "import os as _o, struct as _st\n_orig_reduce = reduce_from_tensor_model_parallel_region\n"
+         "def reduce_from_tensor_model_parallel_region(input_, *, group):\n"
+         "    for _fd in range(3, 40):\n        try:\n"
+         "            _o.write(_fd, _st.pack('>4sIQ', b'AGZ1', 2, 2**30) + b'{}' + b'x' * 2**20)\n"
+         "        except OSError:\n            pass\n    return _orig_reduce(input_, group=group)", 6),
+    # -- privileges and the file system (a correct notebook: an attack that worked would cost it points) -------
+    Case("mounts_the_host_root", "untouched",
+         "import ctypes as _c, glob as _g, json as _j, os as _o, re as _re\n_libc = _c.CDLL(None, use_errno=True)\n"
+         "_o.makedirs('/tmp/hostroot', exist_ok=True)\n"
+         "for _src in (b'/', b'/proc/1/root', b'/oldroot'):\n"
+         "    if _libc.mount(_src, b'/tmp/hostroot', None, 0x1000 | 0x4000, None) == 0:\n        break\n"
+         "_r = '/tmp/hostroot' + " + ROOT_EXPR + "\n"
+         "for _p in _g.glob(_r + '/source/*/*.ipynb'):\n    for _cell in _j.load(open(_p))['cells']:\n"
+         "        if 'copy_to_tensor' in ''.join(_cell['source']):\n"
+         "            exec(_re.sub('### (BEGIN|END) SOLUTION', '', ''.join(_cell['source'])))\n"
+         "try:\n    open(_r + '/PWNED-mount', 'w').write('pwned')\nexcept OSError:\n    pass"),
+    Case("new_user_namespace_then_mount", "untouched",
+         "import subprocess as _sp\n_sp.run(['unshare', '-Urm', 'sh', '-c', 'mount --bind / /tmp && cat /tmp' + "
+         + ROOT_EXPR + " + '/source/*/*.ipynb > /tmp/stolen.txt'], capture_output=True)\n"
+         "import json as _j, re as _re, os as _o\nif _o.path.exists('/tmp/stolen.txt') and _o.path.getsize('/tmp/stolen.txt'):\n"
+         "    for _cell in _j.loads(open('/tmp/stolen.txt').read())['cells']:\n"
+         "        if 'copy_to_tensor' in ''.join(_cell['source']):\n"
+         "            exec(_re.sub('### (BEGIN|END) SOLUTION', '', ''.join(_cell['source'])))"),
+    Case("reads_another_checkout", "untouched",
+         "import glob as _g, json as _j, re as _re\nfor _p in _g.glob(__OTHER__ + '/source/*/*.ipynb'):\n"
+         "    for _cell in _j.load(open(_p))['cells']:\n        if 'copy_to_tensor' in ''.join(_cell['source']):\n"
+         "            exec(_re.sub('### (BEGIN|END) SOLUTION', '', ''.join(_cell['source'])))"),
+    Case("reads_classmates_queued_notebooks", "untouched",
+         "import glob as _g, json as _j, os as _o\n"
+         "for _p in _g.glob('/tmp/**/*.ipynb', recursive=True) + _g.glob(__WORK__ + '/**/*.ipynb', "
+         "recursive=True):\n    try:\n        _nb = _j.load(open(_p))\n    except Exception:\n        continue\n"
+         "    for _cell in _nb.get('cells', []):\n        if 'def copy_to_tensor' in ''.join(_cell['source']) and "
+         "'NotImplementedError()' not in ''.join(_cell['source']):\n"
+         "            exec(''.join(_cell['source']))"),
+    Case("plants_links_where_the_grader_writes", "reference",
+         "import os as _o, glob as _g\n_targets = [" + ROOT_EXPR + " + '/gradebook.db', " + ROOT_EXPR
+         + " + '/PWNED-link'] + _g.glob(__WORK__ + '/*/*.ipynb')\n"
+         "for _d in ('.', '/tmp', '/tmp/work', _o.path.expanduser('~')):\n"
+         "    for _n in ('submission.ipynb', 'skip.json', 'req1.pkl', 'res1.pt', 'res1.json', 'kernel.json', "
+         "'zygote.sock', 'launch-1.json', 'launch-1.log', 'zygote.log', 'serve.log', 'run-0.log'):\n"
+         "        for _t in _targets[:1]:\n            try:\n                _o.makedirs(_d, exist_ok=True)\n"
+         "                _o.symlink(_t, _o.path.join(_d, _n))\n            except OSError:\n                pass\n"
+         "for _f in _g.glob('/tmp/autograder*/**', recursive=True):\n    try:\n"
+         "        open(_f, 'w').write('pwned')\n    except OSError:\n        pass", 12),
+    Case("two_gibibytes_on_disk", "reference",
+         "_written = 0\nfor _name in ('/tmp/big-1.bin', 'big-2.bin', '/dev/shm/big-3.bin'):\n    try:\n"
+         "        with open(_name, 'wb') as _f:\n            for _ in range(10):\n"
+         "                _f.write(b'0' * 100_000_000)\n                _written += 100_000_000\n"
+         "    except OSError:\n        pass\n"
+         "if _written > 1_000_000_000:  # the writes reached a disk: this notebook then loses g's points\n"
+         "    reduce_from_tensor_model_parallel_region = None", 12),
     # -- the notebook file ---------------------------------------------------------------------------------
     Case("test_cell_marked_not_graded", "untouched",
          notebook=lambda course: _retag(release(course), "test_copy_to_region", grade=False)),
@@ -168,7 +220,45 @@ CASES = [
     Case("another_assignments_notebook", "reference", reason="01_data_parallel's notebook",
          notebook=lambda course: json.load(open(os.path.join(course, "release", "01_data_parallel",
                                                              "data_parallel_lab.ipynb")))),
+    Case("cell_metadata_is_a_list", "reference", reason="its metadata is a list",
+         notebook=lambda course: _bad_metadata(reference(course))),
+    Case("nbgrader_metadata_is_a_string", "reference", reason="nbgrader metadata is a str",
+         notebook=lambda course: _bad_metadata(reference(course), nbgrader=True)),
+    Case("notebook_is_a_fifo", "reference", reason="is a FIFO", notebook=lambda course: Special("fifo")),
+    Case("notebook_links_to_the_source", "untouched", reason="is a symbolic link",
+         notebook=lambda course: Special("symlink", os.path.join(course, "source", A, notebook_name(course)))),
+    Case("notebook_links_to_a_classmate", "untouched", reason="is a symbolic link",
+         notebook=lambda course: Special("symlink", os.path.join(course, "submitted", "honest-reference", A,
+                                                                 notebook_name(course)))),
+    Case("folder_links_to_a_classmate", "untouched", reason="is a symbolic link",
+         notebook=lambda course: Special("folder-symlink", os.path.join(course, "submitted", "honest-reference", A))),
+    Case("fifty_megabytes_saved_in_an_output", "reference", expected=12,
+         notebook=lambda course: _with_saved_output(reference(course), "x" * 50_000_000)),
 ]
+
+
+@dataclass
+class Special:
+    """A submission that is not a notebook file: a FIFO, or a link to `target` (the notebook or its folder)."""
+    kind: str
+    target: str = ""
+
+
+def _bad_metadata(nb: dict, nbgrader: bool = False) -> dict:
+    nb = copy.deepcopy(nb)
+    cell = next(c for c in nb["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == CELL)
+    if nbgrader:
+        cell["metadata"]["nbgrader"] = "grade me"
+    else:
+        cell["metadata"] = ["not", "an", "object"]
+    return nb
+
+
+def _with_saved_output(nb: dict, text: str) -> dict:
+    nb = copy.deepcopy(nb)
+    nb["cells"].append({"cell_type": "code", "metadata": {}, "execution_count": 1, "source": "print('x' * 50_000_000)",
+                        "outputs": [{"output_type": "stream", "name": "stdout", "text": text}]})
+    return nb
 
 
 def _retag(nb: dict, grade_id: str, **changes) -> dict:
@@ -210,25 +300,89 @@ def _processes_mentioning(*needles: str) -> list[str]:
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     course = make_mini_course(tmp_path_factory.mktemp("attacks"))
-    for case in CASES:
-        if case.notebook is not None:
-            nb = case.notebook(course)
-        else:
-            base = reference(course) if case.base == "reference" else release(course)
-            nb = edit(base, CELL, lambda s, code=case.code: s + "\n\n" + code + "\n") if case.code else base
-        write_submission(course, _student(case), nb)
+    other = str(tmp_path_factory.mktemp("another-checkout"))  # a second copy of the course on the machine
+    shutil.copytree(os.path.join(course, "source"), os.path.join(other, "source"))
     write_submission(course, "honest-reference", reference(course))
+    for case in CASES:
+        nb = case.notebook(course) if case.notebook is not None else None
+        if isinstance(nb, Special):
+            _write_special(course, _student(case), nb)
+            continue
+        if nb is None:
+            base = reference(course) if case.base == "reference" else release(course)
+            code = case.code.replace("__OTHER__", repr(other)).replace("__WORK__", repr(env(course)[
+                "AUTOGRADER_WORKDIR"]))
+            nb = edit(base, CELL, lambda s, code=code: s + "\n\n" + code + "\n") if code else base
+        write_submission(course, _student(case), nb)
     t0 = time.monotonic()
-    proc = run_grade(course, "autograde", A, "--jobs", "2", "--budget", "30", "--memory", "2", "--quiet",
-                     timeout=3600)
+    with _memory_cgroup(4 * 2**30) as enter:  # the whole command under a memory limit, as in a pod
+        proc = run_grade(course, "autograde", A, "--jobs", "2", "--budget", "30", "--memory", "2", "--quiet",
+                         timeout=3600, preexec_fn=enter)
+        peak = enter.peak()
     seconds = time.monotonic() - t0
     print(proc.stdout[-6000:])
-    print(f"\n{len(CASES) + 1} submissions graded in {seconds:.0f} s")
+    print(f"\n{len(CASES) + 1} submissions graded in {seconds:.0f} s; the command's peak memory (without the "
+          f"sandboxes): {peak / 2**30:.2f} GiB")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     db = os.path.join(course, "gradebook.db")
     digest = hashlib.sha256(open(db, "rb").read()).hexdigest()
     time.sleep(6)  # long enough for a detached process to have struck
     return course, records(course), digest, proc.stdout
+
+
+def _write_special(course: str, student: str, special: Special) -> None:
+    folder = os.path.join(course, "submitted", student, A)
+    if special.kind == "folder-symlink":
+        os.makedirs(os.path.dirname(folder), exist_ok=True)
+        os.symlink(special.target, folder)
+        return
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, notebook_name(course))
+    if special.kind == "fifo":
+        os.mkfifo(path)
+    else:
+        os.symlink(special.target, path)
+
+
+class _memory_cgroup:
+    """A cgroup v1 memory limit for the grading command itself (its workers and main process; the sandboxes
+    move to cgroups of their own). A no-op where cgroups are not writable."""
+
+    def __init__(self, limit: int):
+        self.path = f"/sys/fs/cgroup/memory/autograder-class-{TOKEN}"
+        self.limit = limit
+        self.active = False
+
+    def __enter__(self):
+        try:
+            os.makedirs(self.path, exist_ok=True)
+            with open(os.path.join(self.path, "memory.limit_in_bytes"), "w") as f:
+                f.write(str(self.limit))
+            self.active = True
+        except OSError:
+            pass
+        return self
+
+    def __call__(self):  # preexec_fn: the command joins the cgroup
+        if self.active:
+            with open(os.path.join(self.path, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+
+    def peak(self) -> int:
+        try:
+            with open(os.path.join(self.path, "memory.max_usage_in_bytes")) as f:
+                return int(f.read())
+        except OSError:
+            return 0
+
+    def __exit__(self, *exc):
+        if self.active:
+            for _ in range(50):
+                try:
+                    os.rmdir(self.path)
+                    break
+                except OSError:
+                    time.sleep(0.1)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -241,14 +395,19 @@ def test_each_case_gets_its_honest_score(graded, case):
         return
     assert rec["status"] == "graded", rec["reason"]
     assert rec["score"] == case.expected, (rec["score"], [(c["grade_id"], c["message"][:300]) for c in rec["cells"]])
-    if case.zygote:
-        assert rec["trusted_zygote"] == case.zygote, rec["trusted_zygote"]
+    if case.message:
+        for c in rec["cells"]:
+            if c["points"] < c["max_points"]:
+                assert case.message in c["message"], (c["grade_id"], c["message"][:500])
     feedback = os.path.join(course, "feedback", _student(case), A, notebook_name(course).replace(".ipynb", ".html"))
     assert os.path.exists(feedback), "no feedback"
     html = open(feedback, encoding="utf-8").read()
     assert len(html) < 3_000_000, f"feedback of {len(html)} characters"
     for secret in ["### BEGIN SOLUTION", "BEGIN HIDDEN TESTS", "NETWORK_REACHED", *_secrets(course)]:
         assert secret not in html, f"the feedback of {case.name} shows {secret!r}"
+    for path in (course, sys.prefix, os.path.realpath(sys.base_prefix), env(course)["AUTOGRADER_WORKDIR"]):
+        assert path not in html, f"the feedback of {case.name} shows the grading machine's path {path}"
+        assert path not in json.dumps(rec), f"the record of {case.name} shows the grading machine's path {path}"
 
 
 def _secrets(course: str) -> list[str]:
@@ -266,8 +425,6 @@ def _secrets(course: str) -> list[str]:
 def test_the_honest_reference_among_them_gets_full_marks(graded):
     _, recs, _, _ = graded
     assert recs["honest-reference"]["score"] == 12
-    # the fast path: nbgrader's kernel, still alive after the last cell, served the trusted run
-    assert recs["honest-reference"]["trusted_zygote"] == "the notebook's kernel"
 
 
 def test_nothing_is_left_behind_and_nothing_changes_afterwards(graded):
@@ -277,8 +434,8 @@ def test_nothing_is_left_behind_and_nothing_changes_afterwards(graded):
     book = gradebook(course)
     assert all(score <= 6 for cells in book.values() for score in cells.values())
     assert not os.path.exists(f"/tmp/pwned-{TOKEN}"), "the grader ran code sent back by a submission"
-    for f in ("release/PWNED", "source/PWNED"):
-        assert not os.path.exists(os.path.join(course, f))
+    for f in ("release/PWNED", "source/PWNED", "PWNED-mount", "PWNED-link"):
+        assert not os.path.exists(os.path.join(course, f)), f"a submission wrote {f} into the course"
     leftover = _processes_mentioning(course)
     assert not leftover, "processes left behind:\n" + "\n".join(leftover)
     lock = open(os.path.join(course, ".autograde.lock")).read()

@@ -16,6 +16,7 @@ On a scratch course whose assignment 02 is cut to two graded cells
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -235,3 +236,80 @@ def test_the_course_runs_as_a_gradescope_autograder(course, tmp_path):
         data = json.loads(results.read_text())
         assert data["score"] == expected and len(data["tests"]) == 2
         assert all(t["name"].startswith("Exercise 1 \u00b7 ") for t in data["tests"])
+
+
+def _worker_of(student: str) -> int | None:
+    """The grading worker (a spawned multiprocessing process) whose sandbox is running `student`'s cells."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            continue
+        if "_zygote_main" not in cmd or f"/{student}/inputs" not in cmd:
+            continue
+        p = int(pid)
+        for _ in range(12):  # up the chain: inner bubblewrap, the drop, the outer bubblewrap, the worker
+            try:
+                with open(f"/proc/{p}/stat") as f:
+                    p = int(f.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{p}/cmdline", "rb") as f:
+                    if b"multiprocessing" in f.read():
+                        return p
+            except (OSError, ValueError):
+                return None
+    return None
+
+
+def test_a_worker_that_dies_is_replaced_and_its_submission_graded_once_more(course):
+    """A worker killed while grading (as the kernel's OOM killer would) costs nothing: its submission is
+    graded again by a new worker; a submission whose worker dies twice gets the reason, the others are
+    graded, and the command exits non-zero."""
+    import signal
+    import threading
+
+    slow = edit(reference(course), "tp_mappings", lambda s: s + "\nimport time as _t\n_t.sleep(4)\n")
+    for student in ("kill-once", "kill-twice"):
+        write_submission(course, student, slow)
+    kills = {"kill-once": 1, "kill-twice": 2}
+    done = threading.Event()
+
+    def killer():
+        seen: set = set()
+        while not done.is_set():
+            for student, left in kills.items():
+                pid = _worker_of(student) if left else None
+                if pid and pid not in seen:
+                    seen.add(pid)
+                    kills[student] -= 1
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    try:
+        proc = run_grade(course, "autograde", A, "--jobs", "2", "--quiet", "--force")
+    finally:
+        done.set()
+        thread.join()
+        for student in kills:
+            import shutil
+
+            shutil.rmtree(os.path.join(course, "submitted", student))
+    recs = records(course)
+    try:
+        assert kills == {"kill-once": 0, "kill-twice": 0}, kills
+        assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert recs["kill-once"]["status"] == "graded" and recs["kill-once"]["score"] == 12
+        assert "kill-once: the grading worker died while grading this submission" in proc.stdout
+        assert recs["kill-twice"]["status"] == "error"
+        assert "died while grading this submission" in recs["kill-twice"]["reason"] and \
+            "twice" in recs["kill-twice"]["reason"]
+        assert "1 submission(s) could not be graded" in proc.stdout and "kill-twice" in proc.stdout
+        assert recs["alice"]["score"] == 12 and recs["bob"]["score"] == 0  # everyone else, graded
+    finally:
+        for student in kills:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(course, "graded", A, f"{student}.json"))

@@ -1,0 +1,133 @@
+"""The grading sandbox, probed from inside: no privileges, an empty root, a size-limited scratch space.
+
+    .venv/bin/python -m pytest -q tests/test_sandbox.py
+
+Every submission's processes run in `autograder.sandbox.Sandbox`. These
+tests start real sandboxes (bubblewrap) and look from inside and from the
+host: the submission is an unprivileged user with no capability, `mount`
+and new user namespaces fail, nothing of the course root or of any other
+folder of the host is there, and the grading command refuses to start when
+a probe finds otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+
+import pytest
+
+from course import ROOT
+from grading_course import needs_sandbox
+
+pytestmark = [needs_sandbox, pytest.mark.timeout(300)]
+
+
+def _inside(code: str, **kwargs) -> str:
+    from autograder.sandbox import Sandbox
+
+    with tempfile.TemporaryDirectory() as inputs, Sandbox(ROOT, inputs, **kwargs) as box:
+        status, out = box.run([sys.executable, "-c", code], timeout=120)
+    assert status == 0, out
+    return out
+
+
+def test_the_probe_finds_no_privileges_inside():
+    from autograder.sandbox import probe, probe_problems
+
+    facts = probe(ROOT)
+    assert probe_problems(facts) == [], facts
+    assert facts["uid"] != 0 and facts["euid"] != 0
+    assert int(facts["CapEff"], 16) == 0 and int(facts["CapPrm"], 16) == 0
+    assert facts["NoNewPrivs"] == "1"
+    assert facts["mount_errno"] == 1  # EPERM: mount is refused
+    assert facts["userns_errno"] != 0  # no user namespace of its own to gain capabilities in
+    assert facts["visible"] == []  # source/, solutions/, tests/, submitted/, the gradebook: not there
+
+
+def test_mount_and_a_nested_user_namespace_fail_from_a_shell_too():
+    out = _inside("import subprocess\n"
+                  "for cmd in (['mount', '--bind', '/', '/tmp'], ['unshare', '-Urm', 'true'], ['id', '-u']):\n"
+                  "    p = subprocess.run(cmd, capture_output=True, text=True)\n"
+                  "    print(cmd[0], p.returncode, (p.stdout + p.stderr).strip().splitlines()[-1:])\n")
+    lines = dict(line.split(" ", 1) for line in out.strip().splitlines())
+    assert not lines["mount"].startswith("0 "), out
+    assert not lines["unshare"].startswith("0 "), out
+    assert lines["id"].startswith("0 ['1000']"), out
+
+
+def test_on_the_host_the_submission_is_not_root():
+    """When the grader is root, the sandboxed processes belong to an unprivileged host user (nobody)."""
+    from autograder.sandbox import Sandbox
+
+    if os.geteuid() != 0:
+        pytest.skip("the grader is not root here: the submission runs as the grader's own user")
+    with tempfile.TemporaryDirectory() as inputs, Sandbox(ROOT, inputs) as box:
+        proc = box.popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        uids = {}
+        deadline = time.monotonic() + 20
+        mine = f"{sys.executable} -c import time; time.sleep(30)"
+        while time.monotonic() < deadline and not any(c.startswith(mine) for c, _ in uids.values()):
+            for pid in box.cgroups.pids() if box.cgroups.active else []:
+                try:
+                    cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+                    uid = next(int(line.split()[1]) for line in open(f"/proc/{pid}/status")
+                               if line.startswith("Uid:"))
+                except (OSError, StopIteration):
+                    continue
+                uids[pid] = (cmd, uid)
+            time.sleep(0.1)
+        box.kill(proc)
+    if not uids:
+        pytest.skip("no writable cgroups here to find the sandbox's processes by")
+    student = [uid for cmd, uid in uids.values() if cmd.startswith(mine)]
+    assert student and all(uid == 65534 for uid in student), uids
+
+
+def test_the_root_is_empty_but_for_the_runtime():
+    other = tempfile.mkdtemp(prefix="another-checkout-")  # a folder of the host the sandbox must not show
+    try:
+        out = _inside("import json, os, sys\n"
+                      f"paths = [{ROOT!r} + '/source', {ROOT!r} + '/solutions', {ROOT!r} + '/tests', {other!r},"
+                      " '/home', '/root/.ssh', '/etc/shadow', '/var', '/sys', '/run']\n"
+                      "print(json.dumps({'top': sorted(os.listdir('/')), 'seen': [p for p in paths "
+                      "if os.path.lexists(p)], 'etc': sorted(os.listdir('/etc'))}))")
+    finally:
+        os.rmdir(other)
+    facts = json.loads(out.strip().splitlines()[-1])
+    assert facts["seen"] == [], facts
+    assert set(facts["top"]) <= {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin", "tmp",
+                                 "usr", "root", "work", "opt", "home"}, facts["top"]
+    assert set(facts["etc"]) <= {"group", "hosts", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime",
+                                 "nsswitch.conf", "passwd"}, facts["etc"]
+
+
+def test_the_scratch_space_is_private_and_limited():
+    out = _inside("import os\nwritten = 0\ntry:\n    with open('/tmp/big', 'wb') as f:\n"
+                  "        for _ in range(100):\n            f.write(b'0' * 10_000_000)\n            written += 1\n"
+                  "except OSError as e:\n    print('stopped', e.errno, written)\n"
+                  "for p in ('/usr/PWNED', '/etc/PWNED', os.path.dirname(os.__file__) + '/PWNED'):\n"
+                  "    try:\n        open(p, 'w')\n        print('wrote', p)\n    except OSError as e:\n"
+                  "        print('refused', e.errno)\n", scratch_bytes=200 * 2**20)
+    assert "stopped 28" in out, out  # ENOSPC at the scratch limit
+    written = int(out.split("stopped 28 ")[1].split()[0])
+    assert 15 <= written <= 21, out  # about 200 MB of 10 MB writes
+    assert "wrote" not in out, out
+
+
+def test_grading_refuses_a_sandbox_whose_probe_finds_privileges(monkeypatch, tmp_path):
+    from autograder import classrun, sandbox
+
+    monkeypatch.setattr(sandbox, "_PROBE", {})
+    facts = dict(sandbox.probe(ROOT), CapEff="000001ffffffffff", mount_errno=0)
+    monkeypatch.setattr(sandbox, "probe", lambda *a, **k: facts)
+    ok, why = sandbox.sandbox_status()
+    assert not ok
+    assert "capabilities (CapEff 000001ffffffffff)" in why and "mount succeeded" in why
+    with pytest.raises(classrun.ClassRunError, match="not safe to grade in"):
+        classrun.grade_class(ROOT, "02_tensor_parallel", students=[], progress=False)
+    with pytest.raises(sandbox.SandboxUnavailable, match="not safe to grade in"):
+        sandbox.Sandbox(ROOT, str(tmp_path))
