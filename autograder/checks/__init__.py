@@ -9,6 +9,15 @@ computes its verdict in the calling process from what the ranks returned.
 import functools
 
 
+def inputs_only(case, *expected: str):
+    """What a rank program may be sent of a case: the case (a dict, or a list of dicts) without its expected
+    results (`expected`: their keys). Rank programs run next to the student's code; expected values stay in
+    the process that decides the verdict."""
+    if isinstance(case, list):
+        return [inputs_only(c, *expected) for c in case]
+    return {k: v for k, v in case.items() if k not in expected}
+
+
 def one_thread(check):
     """Run a check with one intra-op thread in this process, then restore the setting.
 

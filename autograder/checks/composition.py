@@ -228,7 +228,8 @@ def _errors_program(rank, world_size, fn, cases):
 def check_rank_layout_errors(rank_layout, cases) -> None:
     """Every case `(args, kwargs, mentions)` raises ValueError whose message names the sizes in `mentions`."""
     cases = [(tuple(a), dict(k), tuple(m)) for a, k, m in cases]
-    for (args, kwargs, mentions), (what, kind, text) in zip(cases, _one_rank(_errors_program, rank_layout, cases)):
+    sent = [(args, kwargs, ()) for args, kwargs, _ in cases]  # what the message must name stays here
+    for (args, kwargs, mentions), (what, kind, text) in zip(cases, _one_rank(_errors_program, rank_layout, sent)):
         call = "rank_layout(" + ", ".join([repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]) + ")"
         if what == "returned":
             raise CheckFailure(f"{call}: expected a ValueError naming {', '.join(mentions) or 'the sizes'} (these "

@@ -1144,6 +1144,7 @@ def check_ulysses_errors(ulysses_attention, seq_all_to_all, *, world_size: int =
          {"scatter_dim": 2, "gather_dim": 1, "group": 0}, (2, 4, 4, 2), []),
     ]
     impls = {"ulysses_attention": ulysses_attention, "seq_all_to_all": seq_all_to_all}
-    results = run_distributed(_ulysses_errors_rank, w, args=(impls, cases, backend), timeout=timeout,
+    sent = [(label, name, kwargs, shape, None) for label, name, kwargs, shape, _ in cases]  # names stay here
+    results = run_distributed(_ulysses_errors_rank, w, args=(impls, sent, backend), timeout=timeout,
                               backend=backend)
     expect_value_errors(results, [(label, must_mention) for label, _, _, _, must_mention in cases], w)

@@ -318,7 +318,6 @@ def _run_ddp(ddp_cls, world_size, dims, batch, bucket_cap_mb, unused, frozen, ti
     return outs, _grads(model), model
 
 
-@one_thread
 def _ddp_broadcast_rank(rank, world_size, ddp_cls, model_kw, seed, backend):
     torch.manual_seed(seed + 1000 * rank)  # every rank starts from different weights
     model = ToyNet(**model_kw).to(torch.float64).to(rank_device(rank, backend))
@@ -327,6 +326,7 @@ def _ddp_broadcast_rank(rank, world_size, ddp_cls, model_kw, seed, backend):
     return {"state": {k: v.cpu() for k, v in model.state_dict().items()}, "comm": ledger.records}
 
 
+@one_thread
 def check_ddp_broadcast(ddp_cls, *, world_size=2, dims=(5, 7, 3), frozen=True, seed=0, backend="gloo"):
     """Constructing BucketedDDP copies rank 0's parameters (frozen ones too) to every rank."""
     model_kw = dict(dims=dims, frozen=frozen)

@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from autograder.checks import expect_value_errors
+from autograder.checks import expect_value_errors, inputs_only
 from autograder.compare import CheckFailure, Findings, assert_close, dtype_name, fmt_shape
 from autograder.dist import rank_device, run_distributed
 from autograder.ledger import CommLedger, check_consistent, expect_no_comm, format_trace
@@ -671,7 +671,8 @@ def _a2a_rank(rank, world_size, fn, case, backend):
     ledger, guard = _traced()
     with ledger, guard:
         y = fn(x, output_split_sizes=list(case["out"][rank]), input_split_sizes=list(case["in"][rank]), group=group)
-        _check_tensor(y, "all_to_all output", case["y"][rank].shape, rank=rank, grad=True)
+        _check_tensor(y, "all_to_all output", torch.Size([sum(case["out"][rank]), x.shape[1]]), rank=rank,
+                      grad=True)
         y.backward(case["g"][rank].to(dev))
     return {"y": _cpu(y), "grad": _cpu(x.grad), "records": ledger.records}
 
@@ -706,8 +707,8 @@ def check_all_to_all(all_to_all, *, world_size: int = 2, ep_size: int | None = N
             case["in"][r], case["out"][r] = s[i], [s[j][i] for j in range(w)]
             case["y"][r] = torch.cat([blocks[j][i] for j in range(w)])
             case["grad"][r] = torch.cat([gblocks[j][i] for j in range(w)])
-    results = run_distributed(_a2a_rank, world_size, args=(all_to_all, case, backend), timeout=timeout,
-                              backend=backend)
+    results = run_distributed(_a2a_rank, world_size, args=(all_to_all, inputs_only(case, "y", "grad"), backend),
+                              timeout=timeout, backend=backend)
     ctx = (f"all_to_all, world size {world_size}" + (f", EP groups {groups}" if len(groups) > 1 else "")
            + f", rows of {hidden} {dtype_name(dtype)}")
     check_consistent([r["records"] for r in results], context=ctx)
@@ -834,7 +835,8 @@ def check_argument_errors(impls: dict, *, world_size: int = 2, backend: str = "g
     missing = sorted(needed - set(impls))
     if missing:
         raise ValueError(f"check_argument_errors: impls lacks {', '.join(missing)}")
-    results = run_distributed(_error_rank, world_size, args=(impls, cases, backend), timeout=timeout,
+    sent = [(label, what, kw, None) for label, what, kw, _ in cases]  # what the message must name stays here
+    results = run_distributed(_error_rank, world_size, args=(impls, sent, backend), timeout=timeout,
                               backend=backend)
     expect_value_errors(results, [(label, must_mention) for label, _, _, must_mention in cases], world_size)
 
@@ -976,7 +978,8 @@ def check_dispatch(AllToAllTokenDispatcher, *, world_size: int = 2, ep_size: int
     "dropped" (tokens with fewer than k experts).
     """
     case = _dispatch_case(world_size, ep_size, num_experts, num_tokens, k, hidden, dtype, seed, pattern)
-    results = run_distributed(_dispatch_rank, world_size, args=(AllToAllTokenDispatcher, case, "dispatch", backend),
+    results = run_distributed(_dispatch_rank, world_size,
+                              args=(AllToAllTokenDispatcher, inputs_only(case, "expected"), "dispatch", backend),
                               timeout=timeout, backend=backend)
     ctx = _case_ctx("dispatch", case, world_size, num_tokens, pattern)
     check_consistent([r["records"] for r in results], context=ctx)
@@ -1019,8 +1022,8 @@ def check_combine(AllToAllTokenDispatcher, *, world_size: int = 2, ep_size: int 
     case = _with_upstream(_dispatch_case(world_size, ep_size, num_experts, num_tokens, k, hidden, dtype, seed,
                                          pattern), seed)
     results = run_distributed(_dispatch_rank, world_size,
-                              args=(AllToAllTokenDispatcher, case, "round_trip", backend), timeout=timeout,
-                              backend=backend)
+                              args=(AllToAllTokenDispatcher, inputs_only(case, "expected"), "round_trip", backend),
+                              timeout=timeout, backend=backend)
     ctx = _case_ctx("combine", case, world_size, num_tokens, pattern)
     for rank, res in enumerate(results):
         x = case["x"][rank].double()
@@ -1056,8 +1059,8 @@ def check_dispatcher_communication(AllToAllTokenDispatcher, *, world_size: int =
     case = _with_upstream(_dispatch_case(world_size, ep_size, num_experts, num_tokens, k, hidden, dtype, seed,
                                          pattern), seed)
     results = run_distributed(_dispatch_rank, world_size,
-                              args=(AllToAllTokenDispatcher, case, "weighted", backend), timeout=timeout,
-                              backend=backend)
+                              args=(AllToAllTokenDispatcher, inputs_only(case, "expected"), "weighted", backend),
+                              timeout=timeout, backend=backend)
     ctx = _case_ctx("dispatch -> combine -> backward", case, world_size, num_tokens, pattern)
     check_consistent([r["records"] for r in results], context=ctx)
     findings = Findings()
@@ -1438,7 +1441,8 @@ def plot_dispatch(AllToAllTokenDispatcher, *, world_size: int = 4, num_experts: 
         print(missing)
         return None
     case = _dispatch_case(world_size, None, num_experts, num_tokens, k, hidden, dtype, seed, "starve_expert")
-    results = run_distributed(_picture_rank, world_size, args=(AllToAllTokenDispatcher, case, backend),
+    results = run_distributed(_picture_rank, world_size,
+                              args=(AllToAllTokenDispatcher, inputs_only(case, "expected"), backend),
                               timeout=timeout, backend=backend)
     local = case["local"]
     matrix = torch.zeros(world_size, num_experts, dtype=torch.int64)

@@ -46,7 +46,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from autograder.checks import expect_value_errors
+from autograder.checks import expect_value_errors, inputs_only
 from autograder.compare import CheckFailure, Findings, assert_close, dtype_name, fmt_shape
 from autograder.dist import DistributedError, rank_device, run_distributed
 from autograder.ledger import CommLedger, format_trace
@@ -390,7 +390,8 @@ def _run(run_pipeline, schedule_fn, *, num_stages, num_microbatches, num_chunks,
                            f"run_pipeline was not run.\n{exc}") from None
     case = _make_case(p, m, v, batch, hidden, dtype, seed)
     results = _run_ranks(_pipeline_rank, world_size, timeout=timeout, backend=backend,
-                         args=(run_pipeline, layout, schedules, case, v, measure_memory, sleeps, backend))
+                         args=(run_pipeline, layout, schedules, inputs_only(case, "loss", "grads"), v,
+                               measure_memory, sleeps, backend))
     return layout, schedules, case, results
 
 

@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from autograder.checks import expect_value_errors, one_thread
+from autograder.checks import expect_value_errors, inputs_only, one_thread
 from autograder.compare import CheckFailure, Findings, assert_close, dtype_name, fmt_shape
 from autograder.dist import rank_device, run_distributed
 from autograder.plots import new_figure, picture
@@ -300,7 +300,8 @@ def _layer_rank(rank, world_size, cls, kind, cases, backend):
 
 
 def _run_layer_cases(cls, kind, cases, world_size, backend, timeout):
-    results = run_distributed(_layer_rank, world_size, args=(cls, kind, cases, backend),
+    results = run_distributed(_layer_rank, world_size,
+                              args=(cls, kind, inputs_only(cases, "expected", "comm"), backend),
                               timeout=timeout, backend=backend)
     for i, case in enumerate(cases):
         check_consistent([r[i]["records"] for r in results], context=case["ctx"])
@@ -530,7 +531,8 @@ def check_argument_errors(impls: dict, *, world_size: int = 2, backend: str = "g
     missing = sorted(needed - set(impls))
     if missing:
         raise ValueError(f"check_argument_errors: impls lacks {', '.join(missing)}")
-    results = run_distributed(_error_rank, world_size, args=(impls, cases, backend), timeout=timeout,
+    sent = [(label, builder, kw, None) for label, builder, kw, _ in cases]  # what the message must name stays here
+    results = run_distributed(_error_rank, world_size, args=(impls, sent, backend), timeout=timeout,
                               backend=backend)
     expect_value_errors(results, [(label, must_mention) for label, _, _, must_mention in cases], world_size)
 
@@ -591,7 +593,8 @@ def check_tp_pair_communication(ColumnParallelLinear, RowParallelLinear, *, worl
     if sp:
         _require_divisible(seq, t, "seq")
     case = _pair_case(t, hidden, ffn, seq, batch, sp, dtype, seed)
-    results = run_distributed(_pair_rank, t, args=(ColumnParallelLinear, RowParallelLinear, case, backend),
+    results = run_distributed(_pair_rank, t, args=(ColumnParallelLinear, RowParallelLinear,
+                                                   inputs_only(case, "out", "x_grad"), backend),
                               timeout=timeout, backend=backend)
     ctx = (f"ColumnParallelLinear({hidden}, {ffn}) -> RowParallelLinear({ffn}, {hidden}), "
            f"sequence_parallel={sp}, world size {t}, [s, b, h] = [{seq}, {batch}, {hidden}]")
@@ -1018,7 +1021,8 @@ def plot_pair_communication(ColumnParallelLinear, RowParallelLinear, *, world_si
     runs = {}
     for sp in (False, True):
         case = _pair_case(world_size, hidden, ffn, seq, batch, sp, dtype, seed)
-        res = run_distributed(_pair_rank, world_size, args=(ColumnParallelLinear, RowParallelLinear, case, backend),
+        res = run_distributed(_pair_rank, world_size, args=(ColumnParallelLinear, RowParallelLinear,
+                                                            inputs_only(case, "out", "x_grad"), backend),
                               timeout=timeout, backend=backend)
         runs[sp] = [r for r in res[0]["records"] if r.op != "wait"]
     fig, axes = new_figure(figsize=(11, 4.2), nrows=2, ncols=2, sharey=True)
