@@ -386,7 +386,8 @@ def expert_data_parallel_size(world_size: int, *, ep: int, etp: int = 1, pp: int
 # Expert parallelism: the two-hop dispatch, and load imbalance (README sections 4-5)
 # ---------------------------------------------------------------------------
 
-__all__ += ["two_hop_dispatch", "fp8_bytes_per_element", "simulate_expert_loads", "capacity_drop_fraction",
+__all__ += ["two_hop_dispatch", "fp8_bytes_per_element", "simulate_expert_loads", "expert_capacity",
+            "capacity_drop_fraction",
             "uniform_drop_fraction", "place_experts", "busiest_gpu_over_mean", "expert_load_table"]
 
 
@@ -439,14 +440,20 @@ def simulate_expert_loads(num_tokens: int, k: int, num_experts: int, *, num_rank
     return loads
 
 
-def capacity_drop_fraction(loads, *, num_tokens: int, k: int, capacity_factor: float) -> float:
-    """Fraction of all routed (token, expert) rows dropped when every expert keeps at most
-    capacity = ceil(T k / E * cf) rows from each source rank (Megatron's `get_capacity`, applied per
-    rank before dispatch as `apply_router_token_dropping` does). `loads`: `[ranks, E]` rows per source rank."""
+def expert_capacity(num_tokens: int, k: int, num_experts: int, capacity_factor: float) -> int:
+    """Rows an expert accepts from one source rank: ceil(T k / E * cf), the lesson's formula (Megatron's
+    `moe_utils.get_capacity`, with T k routed rows)."""
     import math
 
-    capacity = math.ceil(num_tokens * k / loads.shape[-1] * capacity_factor)
-    return float((loads - capacity).clamp(min=0).sum() / loads.sum())
+    return math.ceil(num_tokens * k / num_experts * capacity_factor)
+
+
+def capacity_drop_fraction(loads, *, num_tokens: int, k: int, capacity_factor: float) -> float:
+    """Fraction of all routed (token, expert) rows dropped when every expert keeps at most
+    `expert_capacity` rows from each source rank (applied per rank before dispatch, as Megatron's
+    `apply_router_token_dropping` does). `loads`: `[ranks, E]` rows per source rank."""
+    kept = expert_capacity(num_tokens, k, loads.shape[-1], capacity_factor)
+    return float((loads - kept).clamp(min=0).sum() / loads.sum())
 
 
 def uniform_drop_fraction(num_tokens: int, k: int, num_experts: int, capacity_factor: float) -> float:
@@ -460,13 +467,13 @@ def uniform_drop_fraction(num_tokens: int, k: int, num_experts: int, capacity_fa
     import math
 
     p = k / num_experts
-    capacity = math.ceil(num_tokens * k / num_experts * capacity_factor)
+    kept = expert_capacity(num_tokens, k, num_experts, capacity_factor)
     log_norm = math.lgamma(num_tokens + 1)
     excess = 0.0
-    for x in range(capacity + 1, num_tokens + 1):
+    for x in range(kept + 1, num_tokens + 1):
         log_pmf = (log_norm - math.lgamma(x + 1) - math.lgamma(num_tokens - x + 1)
                    + x * math.log(p) + (num_tokens - x) * math.log1p(-p))
-        excess += math.exp(log_pmf) * (x - capacity)
+        excess += math.exp(log_pmf) * (x - kept)
     return excess / (num_tokens * p)
 
 

@@ -30,7 +30,8 @@ from autograder.hardware import H100_NODE, compute_seconds
 from autograder.ledger import CommLedger
 from autograder.volume import (
     all_to_all_traffic, busiest_gpu_over_mean, capacity_drop_fraction, ep_dispatch_bytes, ep_forward_seconds,
-    ep_layer_bytes, expected_distinct_groups, expert_data_parallel_size, expert_load_table, fp8_bytes_per_element,
+    ep_layer_bytes, expected_distinct_groups, expert_capacity, expert_data_parallel_size, expert_load_table,
+    fp8_bytes_per_element,
     moe_expert_flops, place_experts, remote_copies_per_token, simulate_expert_loads, two_hop_dispatch,
     uniform_drop_fraction,
 )
@@ -250,6 +251,14 @@ def _enumerated_drop_fraction(tokens, k, num_experts, capacity_factor):
                 loads[e] += 1
         dropped += sum(max(x - capacity, 0) for x in loads)
     return dropped / (len(choices) ** tokens * tokens * k)
+
+
+def test_expert_capacity_is_megatrons_get_capacity():
+    moe_utils = pytest.importorskip("megatron.core.transformer.moe.moe_utils",
+                                    reason="megatron-core (the course extra pins it) is not installed")
+    for tokens, k, num_experts, cf in ((T, K, E, 1.0), (T, K, E, 1.25), (T, K, E, 1.1), (7, 2, 3, 0.9), (5, 1, 4, 2.0)):
+        assert expert_capacity(tokens, k, num_experts, cf) == moe_utils.get_capacity(
+            num_tokens=tokens * k, num_experts=num_experts, capacity_factor=cf), (tokens, k, num_experts, cf)
 
 
 @pytest.mark.parametrize("tokens, k, num_experts, cf", [(4, 2, 4, 1.0), (5, 1, 3, 1.0), (4, 2, 4, 0.5), (3, 3, 5, 1.2)])
