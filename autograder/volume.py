@@ -383,6 +383,181 @@ def expert_data_parallel_size(world_size: int, *, ep: int, etp: int = 1, pp: int
 
 
 # ---------------------------------------------------------------------------
+# Expert parallelism: the two-hop dispatch, and load imbalance (README sections 4-5)
+# ---------------------------------------------------------------------------
+
+__all__ += ["two_hop_dispatch", "fp8_bytes_per_element", "simulate_expert_loads", "expert_capacity",
+            "capacity_drop_fraction",
+            "uniform_drop_fraction", "place_experts", "busiest_gpu_over_mean", "expert_load_table"]
+
+
+def two_hop_dispatch(k: int, max_nodes: int, *, nvlink_bytes_per_s: float, network_bytes_per_s: float) -> dict:
+    """DeepSeek-V3's cross-node dispatch (report sec. 3.2.2), per token, with node-limited routing.
+
+    A token crosses the network once per target node, to the GPU with its own
+    in-node index, which forwards it over NVLink to the GPUs of its experts in
+    that node. In the time the network carries one copy, NVLink carries
+    nvlink / network copies: a token may use that many experts per node, and
+    max_nodes times that in all, at the cost of its network copies alone.
+    """
+    if not 1 <= max_nodes <= k:
+        raise ValueError(f"two_hop_dispatch: need 1 <= max_nodes ({max_nodes}) <= k ({k})")
+    ratio = nvlink_bytes_per_s / network_bytes_per_s
+    return {"network_copies": max_nodes, "bandwidth_ratio": ratio, "experts_per_node": k / max_nodes,
+            "max_experts_same_cost": max_nodes * ratio, "network_bound": k / max_nodes <= ratio}
+
+
+def fp8_bytes_per_element(block: int = 128, scale_bytes: int = 4) -> float:
+    """Bytes per element of an FP8 (e4m3) token with one fp32 scale per `block` elements: DeepEP V1's
+    `Buffer.dispatch` takes `[T, h]` float8 plus `[T, h / 128]` float scales."""
+    return 1 + scale_bytes / block
+
+
+def simulate_expert_loads(num_tokens: int, k: int, num_experts: int, *, num_ranks: int = 1,
+                          bias_std: float = 0.0, bias_seed: int = 0, seed: int = 1):
+    """Rows each expert receives from each source rank in one step: int64 `[num_ranks, num_experts]`.
+
+    A model of a router: each token's logits are a per-expert bias (the
+    router's standing preference, `bias_std * z_e` with z ~ N(0, 1), drawn
+    from `bias_seed`, the same on every rank and every step) plus independent
+    N(0, 1) noise per token (drawn from `seed`); each token takes its top k.
+    bias_std = 0 is a perfectly balanced router: only sampling noise is left.
+    DeepSeek-V3's auxiliary-loss-free balancing learns the bias that cancels
+    such a preference. Seeded: the same arguments give the same loads.
+    """
+    import torch
+
+    if not 1 <= k <= num_experts or min(num_tokens, num_ranks) < 1 or bias_std < 0:
+        raise ValueError(f"simulate_expert_loads: need 1 <= k ({k}) <= E ({num_experts}), tokens and ranks >= 1, "
+                         f"bias_std >= 0 ({bias_std})")
+    bias = bias_std * torch.randn(num_experts, generator=torch.Generator().manual_seed(bias_seed))
+    noise = torch.Generator().manual_seed(seed)
+    loads = torch.zeros(num_ranks, num_experts, dtype=torch.int64)
+    for r in range(num_ranks):
+        logits = bias + torch.randn(num_tokens, num_experts, generator=noise)                          # [T, E]
+        chosen = logits.topk(k, dim=1).indices                                                         # [T, k]
+        loads[r] = torch.bincount(chosen.flatten(), minlength=num_experts)
+    return loads
+
+
+def expert_capacity(num_tokens: int, k: int, num_experts: int, capacity_factor: float) -> int:
+    """Rows an expert accepts from one source rank: ceil(T k / E * cf), the lesson's formula (Megatron's
+    `moe_utils.get_capacity`, with T k routed rows)."""
+    import math
+
+    return math.ceil(num_tokens * k / num_experts * capacity_factor)
+
+
+def capacity_drop_fraction(loads, *, num_tokens: int, k: int, capacity_factor: float) -> float:
+    """Fraction of all routed (token, expert) rows dropped when every expert keeps at most
+    `expert_capacity` rows from each source rank (applied per rank before dispatch, as Megatron's
+    `apply_router_token_dropping` does). `loads`: `[ranks, E]` rows per source rank."""
+    kept = expert_capacity(num_tokens, k, loads.shape[-1], capacity_factor)
+    return float((loads - kept).clamp(min=0).sum() / loads.sum())
+
+
+def uniform_drop_fraction(num_tokens: int, k: int, num_experts: int, capacity_factor: float) -> float:
+    """The exact expected drop fraction of a perfectly balanced router.
+
+    A token takes k distinct experts uniformly at random, so it includes a
+    given expert with probability k/E, independently of the other tokens: an
+    expert's load from one rank is Binomial(T, k/E), and the fraction dropped
+    is E[(X - capacity)^+] / (T k / E).
+    """
+    import math
+
+    p = k / num_experts
+    kept = expert_capacity(num_tokens, k, num_experts, capacity_factor)
+    log_norm = math.lgamma(num_tokens + 1)
+    excess = 0.0
+    for x in range(kept + 1, num_tokens + 1):
+        log_pmf = (log_norm - math.lgamma(x + 1) - math.lgamma(num_tokens - x + 1)
+                   + x * math.log(p) + (num_tokens - x) * math.log1p(-p))
+        excess += math.exp(log_pmf) * (x - kept)
+    return excess / (num_tokens * p)
+
+
+def place_experts(expert_loads, num_gpus: int, num_redundant: int = 0) -> list[list[int]]:
+    """The experts each GPU hosts, balanced on `expert_loads` (`[E]`), as DeepSeek's EPLB does it.
+
+    Two greedy steps (deepseek-ai/EPLB `eplb.py`: `replicate_experts`, then
+    `balanced_packing`): each of the `num_redundant` extra replicas goes to the
+    expert with the highest load per replica; then the replicas, heaviest
+    first (an expert's load split evenly over its replicas), each go to the
+    least-loaded GPU that still has one of its (E + R) / G slots free.
+    """
+    loads = [float(x) for x in expert_loads]
+    num_experts = len(loads)
+    if num_gpus < 1 or num_redundant < 0 or (num_experts + num_redundant) % num_gpus:
+        raise ValueError(f"place_experts: E + R ({num_experts} + {num_redundant}) must be divisible by the "
+                         f"number of GPUs ({num_gpus})")
+    replicas = [1] * num_experts
+    for _ in range(num_redundant):
+        e = max(range(num_experts), key=lambda i: (loads[i] / replicas[i], -i))
+        replicas[e] += 1
+    items = sorted(((loads[e] / replicas[e], e) for e in range(num_experts) for _ in range(replicas[e])),
+                   key=lambda item: (-item[0], item[1]))
+    slots = (num_experts + num_redundant) // num_gpus
+    weight, gpus = [0.0] * num_gpus, [[] for _ in range(num_gpus)]
+    for w, e in items:
+        g = min((i for i in range(num_gpus) if len(gpus[i]) < slots), key=lambda i: (weight[i], i))
+        weight[g] += w
+        gpus[g].append(e)
+    return gpus
+
+
+def busiest_gpu_over_mean(expert_loads, gpus: list[list[int]]) -> float:
+    """Rows on the busiest GPU over the mean, each expert's rows split evenly over its replicas."""
+    loads = [float(x) for x in expert_loads]
+    replicas = [0] * len(loads)
+    for hosted in gpus:
+        for e in hosted:
+            replicas[e] += 1
+    if any(n == 0 for n in replicas):
+        raise ValueError("busiest_gpu_over_mean: every expert must be hosted by at least one GPU")
+    per_gpu = [sum(loads[e] / replicas[e] for e in hosted) for hosted in gpus]
+    return max(per_gpu) / (sum(per_gpu) / len(per_gpu))
+
+
+def expert_load_table(*, num_tokens: int = 4096, k: int = 8, num_experts: int = 256, ep_size: int = 32,
+                      bias_stds=(0.0, 0.1, 0.2), capacity_factors=(1.0, 1.25, 1.5, 2.0),
+                      num_redundant: int = 32) -> str:
+    """The README's load-imbalance table (section 5), simulated by `simulate_expert_loads`.
+
+    One step of an EP group of `ep_size` ranks, each routing `num_tokens`
+    tokens: the hottest expert's rows over the mean (whole group), the drop
+    fraction at each capacity factor (capacity per source rank), and the
+    busiest GPU over the mean without dropping: experts placed contiguously
+    (Megatron: rank r holds experts [r E/w, (r+1) E/w)), placed by EPLB's
+    packing, and with `num_redundant` redundant experts. Placements are
+    planned on one step's loads and measured on the next step's (a new
+    `seed`, the same router bias), as a deployment plans from past counts.
+    """
+    if num_experts % ep_size:
+        raise ValueError(f"expert_load_table: E ({num_experts}) must be divisible by the EP size ({ep_size})")
+    per_gpu = num_experts // ep_size
+    head = ("| router bias std | hottest expert / mean | "
+            + " | ".join(f"dropped at cf {cf:g}" for cf in capacity_factors)
+            + f" | busiest GPU / mean: contiguous | EPLB packing | + {num_redundant} redundant |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for std in bias_stds:
+        step = simulate_expert_loads(num_tokens, k, num_experts, num_ranks=ep_size, bias_std=std, seed=1)
+        following = simulate_expert_loads(num_tokens, k, num_experts, num_ranks=ep_size, bias_std=std,
+                                          seed=2).sum(0)
+        total = step.sum(0)
+        hottest = float(total.max()) / float(total.float().mean())
+        drops = [capacity_drop_fraction(step, num_tokens=num_tokens, k=k, capacity_factor=cf)
+                 for cf in capacity_factors]
+        contiguous = [list(range(g * per_gpu, (g + 1) * per_gpu)) for g in range(ep_size)]
+        placed = [busiest_gpu_over_mean(following, contiguous),
+                  busiest_gpu_over_mean(following, place_experts(total, ep_size)),
+                  busiest_gpu_over_mean(following, place_experts(total, ep_size, num_redundant))]
+        lines.append(f"| {std:g} | {hottest:.2f} | " + " | ".join(f"{100 * d:.2f} %" for d in drops)
+                     + " | " + " | ".join(f"{x:.3f}" for x in placed) + " |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
 # Context parallelism (assignment 04, README sections 3-4): bytes per rank and time
 # ---------------------------------------------------------------------------
 # One attention layer, one micro-batch, activations [b, s, h]; K and V are

@@ -6,7 +6,8 @@ Not part of the site build (which needs no network and only reads the JSON).
 It reads bare git snapshots of the cited repositories, one per `owner+name/repo`
 folder under --mirrors (NVIDIA/Megatron-LM, deepspeedai/DeepSpeed,
 zhuzilin/ring-flash-attention, NVIDIA/TransformerEngine, deepseek-ai/DeepEP,
-deepseek-ai/DualPipe, pytorch/torchtitan, sail-sg/zero-bubble-pipeline-parallelism),
+deepseek-ai/DualPipe, deepseek-ai/EPLB, pytorch/torchtitan,
+sail-sg/zero-bubble-pipeline-parallelism),
 each at the commit its snapshot holds (HEAD; a path the lessons cite at an
 older commit is read there: PINNED). PyTorch is too large to snapshot: its
 Python files are read from the installed torch (2.13.0, the course's version)
@@ -44,13 +45,13 @@ sys.path.insert(0, ROOT)
 from docs.coderefs import TABLE_PATH, lesson_references, ref_key  # noqa: E402
 
 REPOS = ["NVIDIA/Megatron-LM", "deepspeedai/DeepSpeed", "zhuzilin/ring-flash-attention", "NVIDIA/TransformerEngine",
-         "deepseek-ai/DeepEP", "deepseek-ai/DualPipe", "pytorch/torchtitan",
+         "deepseek-ai/DeepEP", "deepseek-ai/DualPipe", "deepseek-ai/EPLB", "pytorch/torchtitan",
          "sail-sg/zero-bubble-pipeline-parallelism"]
 # words of a column header or of the text near a path that name a repository
 HINTS = {"megatron": "NVIDIA/Megatron-LM", "pytorch": "pytorch/pytorch", "torch": "pytorch/pytorch",
          "torchtitan": "pytorch/torchtitan", "deepspeed": "deepspeedai/DeepSpeed",
          "ring-flash-attention": "zhuzilin/ring-flash-attention", "transformerengine": "NVIDIA/TransformerEngine",
-         "deepep": "deepseek-ai/DeepEP", "dualpipe": "deepseek-ai/DualPipe"}
+         "deepep": "deepseek-ai/DeepEP", "dualpipe": "deepseek-ai/DualPipe", "eplb": "deepseek-ai/EPLB"}
 # paths written relative to a folder the lesson names in prose ("paths are under `megatron/core/`"), where the
 # suffix rule alone picks the wrong file: (lesson, context, path as written) -> repo:path
 OVERRIDES: dict[str, str] = {}

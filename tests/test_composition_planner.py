@@ -112,6 +112,55 @@ def test_lesson_worked_example_memory():
     assert round(m["activations"] / GB, 2) == 4.83 and round(m["total"] / GB, 1) == 25.9
 
 
+def test_lesson_recomputation_table():
+    """05_planner.md §2, "Recomputation between none and full": each row from the planner's per-token terms on
+    stage 0 (8 layers, 16 micro-batches of 8192 tokens in flight), the model state of the worked example, and,
+    for the two ends, the reference planner itself."""
+    import os
+
+    lesson = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assignments",
+                               "06_composition", "05_planner.md"), encoding="utf-8").read()
+    m, t, tokens, layers, in_flight = LLAMA3_405B, 8, 8192, 8, 16
+    layout = Layout(tp=t, pp=16, dp=128)
+    state = memory_per_gpu(m, layout, LLAMA)
+    state = state["params"] + state["grads"] + state["optimizer"]
+    assert round(state / GB, 2) == 21.03
+    full = m.activation_bytes_per_token(tp=t)                  # 65,024 B per token and layer
+    layer_input = 2 * m.hidden / t                              # what full recomputation keeps (2 bytes x h/t)
+    norm_outputs = 2 * 2 * m.hidden / t                         # the two norms' outputs, 2h/t elements
+    mlp_inner = 2 * 3 * m.ffn / t                               # SwiGLU's gate, up and product
+    kept = tokens * layers * in_flight
+
+    def row(activations):
+        return round(activations / GB, 2), round((activations + state) / GB, 1)
+
+    rows = {
+        "none": row(full * kept),
+        "layernorm": row((full - norm_outputs) * kept),
+        "mlp": row((full - mlp_inner) * kept + mlp_inner * tokens),             # + one MLP recomputed at a time
+        "block 2": row((layers - 2) * full * tokens * in_flight + 2 * layer_input * tokens * in_flight
+                       + full * tokens),                                           # + one layer recomputed at a time
+        "full": row(layer_input * kept + full * tokens),
+    }
+    assert rows == {"none": (68.18, 89.2), "layernorm": (59.59, 80.6), "mlp": (26.63, 47.7),
+                    "block 2": (52.74, 73.8), "full": (4.83, 25.9)}
+    # the two ends are the reference planner's own numbers
+    for recompute, key in (("none", "none"), ("full", "full")):
+        p = memory_per_gpu(m, Layout(tp=t, pp=16, dp=128, recompute=recompute), LLAMA)
+        assert (round(p["activations"] / GB, 2), round(p["total"] / GB, 1)) == rows[key]
+    assert round(norm_outputs / full, 3) == 0.126 and round(mlp_inner / full, 2) == 0.61
+    # the compute factor f: one more forward of what is recomputed; a forward is a third of forward + backward
+    layer_forward = 2 * (m.layer_params() - 2 * m.hidden) + 4 * LLAMA.seq_len * m.hidden
+    mlp_share = 2 * 3 * m.hidden * m.ffn / layer_forward
+    assert round(mlp_share, 2) == 0.76 and round(1 + mlp_share / 3, 2) == 1.25
+    assert round(1 + 2 / (3 * layers), 3) == 1.083
+    for activations, total in rows.values():
+        assert f"| {activations:.2f} | {total:.1f} |" in lesson, (activations, total)
+    for phrase in ("12.6 % of the layer", "$3 \\, \\mathit{ffn}/t$: 61 %", "76 % of a layer's forward",
+                   "$1 + 2/(3 \\cdot 8) = 1.083$", "model state 21.03 GB"):
+        assert phrase in lesson, phrase
+
+
 def test_lesson_worked_example_time():
     t = step_time(LLAMA3_405B, BIG, Layout(tp=8, pp=16, dp=128, recompute="full"), LLAMA)
     assert [round(t[k], 2) for k in ("compute", "bubble", "tp", "pp", "dp", "total")] == [9.06, 8.49, 0.97, 0.02, 0.0,

@@ -8,7 +8,10 @@
   enumeration and a Monte-Carlo simulation of uniform routing;
 - the README's time table and quoted figures, recomputed from
   `ep_forward_seconds` and `autograder/hardware.py`, must appear in the README;
-- the worked example of 02_dispatcher.md, run through the reference dispatcher.
+- the worked example of 02_dispatcher.md, run through the reference dispatcher;
+- the two-hop dispatch (why M = 4 nodes) and FP8's bytes per element, from the stated figures;
+- the load-imbalance table of section 5: `uniform_drop_fraction` against exact enumeration and the
+  simulation, `place_experts` on cases worked by hand, and the table itself regenerated.
 """
 
 from __future__ import annotations
@@ -26,8 +29,11 @@ from autograder.dist import run_distributed
 from autograder.hardware import H100_NODE, compute_seconds
 from autograder.ledger import CommLedger
 from autograder.volume import (
-    all_to_all_traffic, ep_dispatch_bytes, ep_forward_seconds, ep_layer_bytes, expected_distinct_groups,
-    expert_data_parallel_size, moe_expert_flops, remote_copies_per_token,
+    all_to_all_traffic, busiest_gpu_over_mean, capacity_drop_fraction, ep_dispatch_bytes, ep_forward_seconds,
+    ep_layer_bytes, expected_distinct_groups, expert_capacity, expert_data_parallel_size, expert_load_table,
+    fp8_bytes_per_element,
+    moe_expert_flops, place_experts, remote_copies_per_token, simulate_expert_loads, two_hop_dispatch,
+    uniform_drop_fraction,
 )
 from solutions.expert_parallel_layers import AllToAllTokenDispatcher, MoELayer
 
@@ -133,8 +139,8 @@ TABLE = [
     ("EP 64 (8 nodes), Megatron all-to-all", dict(ep_size=64)),
     ("EP 64 (8 nodes), DeepEP (one copy per node)", dict(ep_size=64, dedup=True)),
     ("EP 64, DeepEP + node-limited routing (M = 4)", dict(ep_size=64, dedup=True, max_nodes=4)),
-    ("the same with FP8 dispatch (1 byte per element)",
-     dict(ep_size=64, dedup=True, max_nodes=4, dispatch_bytes_per_element=1)),
+    ("the same with FP8 dispatch (1 byte + a 4-byte scale per 128 elements)",
+     dict(ep_size=64, dedup=True, max_nodes=4, dispatch_bytes_per_element=fp8_bytes_per_element())),
 ]
 
 
@@ -206,3 +212,98 @@ def test_the_worked_example_of_the_dispatcher_deep_dive():
                  "(rank 0 `[4, 4]`, rank 1 `[2, 2]`)"):
         assert line in text, line
     assert math.isclose(sum(tpe0) + sum(tpe1), 12)  # 6 tokens x k = 2
+
+
+# ---------------------------------------------------------------------------
+# Section 4: the two-hop dispatch and FP8; section 5: load imbalance
+# ---------------------------------------------------------------------------
+
+def test_two_hop_dispatch_and_why_four_nodes():
+    readme = _readme()
+    # DeepSeek-V3's H800 figures (report sec. 3.2.2): NVLink 160 GB/s, InfiniBand 50 GB/s per GPU
+    h800 = two_hop_dispatch(K, 4, nvlink_bytes_per_s=160e9, network_bytes_per_s=50e9)
+    assert h800["bandwidth_ratio"] == pytest.approx(3.2) and h800["max_experts_same_cost"] == pytest.approx(12.8)
+    assert h800["experts_per_node"] == 2 and h800["network_bound"] and h800["network_copies"] == 4
+    assert "$4 \\times 3.2 = 12.8$" in readme and "a maximum of 13 experts" in readme and "uses 2 per node" in readme
+    h100 = two_hop_dispatch(K, 4, nvlink_bytes_per_s=H100_NODE.nvlink.bytes_per_s,
+                            network_bytes_per_s=H100_NODE.network.bytes_per_s)
+    assert h100["bandwidth_ratio"] == 9 and "the ratio is 9" in readme
+    # two nodes would need 4 experts per node: more than NVLink forwards in the time of one network copy
+    assert not two_hop_dispatch(K, 2, nvlink_bytes_per_s=160e9, network_bytes_per_s=50e9)["network_bound"]
+    with pytest.raises(ValueError):
+        two_hop_dispatch(K, 9, nvlink_bytes_per_s=160e9, network_bytes_per_s=50e9)
+
+
+def test_fp8_bytes_per_element():
+    assert fp8_bytes_per_element() == 1 + 4 / 128 == 1.03125
+    assert "3 % more\nbytes" in _readme() or "3 % more bytes" in _readme()
+
+
+def _enumerated_drop_fraction(tokens, k, num_experts, capacity_factor):
+    """The expected drop fraction by enumerating every routing of `tokens` tokens, each to k distinct experts."""
+    capacity = math.ceil(tokens * k / num_experts * capacity_factor)
+    choices = list(itertools.combinations(range(num_experts), k))
+    dropped = 0
+    for routing in itertools.product(choices, repeat=tokens):
+        loads = [0] * num_experts
+        for experts in routing:
+            for e in experts:
+                loads[e] += 1
+        dropped += sum(max(x - capacity, 0) for x in loads)
+    return dropped / (len(choices) ** tokens * tokens * k)
+
+
+def test_expert_capacity_is_megatrons_get_capacity():
+    moe_utils = pytest.importorskip("megatron.core.transformer.moe.moe_utils",
+                                    reason="megatron-core (the course extra pins it) is not installed")
+    for tokens, k, num_experts, cf in ((T, K, E, 1.0), (T, K, E, 1.25), (T, K, E, 1.1), (7, 2, 3, 0.9), (5, 1, 4, 2.0)):
+        assert expert_capacity(tokens, k, num_experts, cf) == moe_utils.get_capacity(
+            num_tokens=tokens * k, num_experts=num_experts, capacity_factor=cf), (tokens, k, num_experts, cf)
+
+
+@pytest.mark.parametrize("tokens, k, num_experts, cf", [(4, 2, 4, 1.0), (5, 1, 3, 1.0), (4, 2, 4, 0.5), (3, 3, 5, 1.2)])
+def test_uniform_drop_fraction_is_exact(tokens, k, num_experts, cf):
+    assert uniform_drop_fraction(tokens, k, num_experts, cf) == pytest.approx(
+        _enumerated_drop_fraction(tokens, k, num_experts, cf), rel=1e-12)
+
+
+def test_the_simulation_agrees_with_the_exact_drop_fraction_of_a_balanced_router():
+    loads = simulate_expert_loads(T, K, E, num_ranks=16, bias_std=0.0, seed=7)
+    assert loads.shape == (16, E) and int(loads.sum()) == 16 * T * K and (loads.sum(1) == T * K).all()
+    exact = uniform_drop_fraction(T, K, E, 1.0)
+    assert 0.0346 < exact < 0.0347 and "3.47 %" in _readme()
+    assert capacity_drop_fraction(loads, num_tokens=T, k=K, capacity_factor=1.0) == pytest.approx(exact, rel=0.05)
+    # a biased router drops more, and more as the bias grows; a larger capacity drops less
+    biased = [capacity_drop_fraction(simulate_expert_loads(T, K, E, num_ranks=4, bias_std=s), num_tokens=T, k=K,
+                                     capacity_factor=1.25) for s in (0.0, 0.1, 0.2)]
+    assert biased == sorted(biased) and biased[0] < 0.001 < biased[1]
+    assert torch.equal(simulate_expert_loads(64, 2, 8, num_ranks=2, bias_std=0.3),
+                       simulate_expert_loads(64, 2, 8, num_ranks=2, bias_std=0.3))   # seeded
+
+
+def test_place_experts_by_hand():
+    # packing only: heaviest first, each to the lightest GPU with a free slot
+    assert place_experts([4, 4, 1, 1], 2) == [[0, 2], [1, 3]]
+    assert busiest_gpu_over_mean([4, 4, 1, 1], [[0, 2], [1, 3]]) == 1.0
+    assert busiest_gpu_over_mean([4, 4, 1, 1], [[0, 1], [2, 3]]) == 1.6    # contiguous: 8 against a mean of 5
+    # one redundant replica goes to the hottest expert, which then has two replicas of load 3
+    gpus = place_experts([6, 1, 1], 2, num_redundant=1)
+    assert sorted(map(sorted, gpus)) == [[0, 1], [0, 2]] and busiest_gpu_over_mean([6, 1, 1], gpus) == 1.0
+    with pytest.raises(ValueError):
+        place_experts([1, 2, 3], 2)                  # 3 experts do not fill 2 GPUs' equal slots
+    with pytest.raises(ValueError):
+        busiest_gpu_over_mean([1, 2], [[0], [0]])    # expert 1 hosted nowhere
+
+
+def test_readme_load_imbalance_table_is_what_the_simulation_gives():
+    readme = _readme()
+    table = expert_load_table()
+    assert table in readme, f"README section 5 is stale; regenerate:\n{table}"
+    rows = [line.split(" | ") for line in table.splitlines()[2:]]
+    # the prose quotes the 0.2 row: hottest 3.5x, 8 % dropped at cf 1.25, 1 % at cf 2; 1.36 -> 1.04 -> 1.02
+    bias02 = rows[2]
+    assert bias02[1] == "3.50" and bias02[3].startswith("8.") and bias02[5].startswith("1.")
+    assert [round(float(x.strip(" |")), 2) for x in bias02[6:9]] == [1.36, 1.04, 1.02]
+    for phrase in ("3.5 times the mean", "drops 8 % of the rows", "drops 1 %", "36 % more rows",
+                   "1.36 becomes\n  1.04 with packing alone and 1.02 with 32 redundant experts"):
+        assert phrase in readme, phrase

@@ -72,3 +72,40 @@ def test_the_overview_links_every_lesson():
     linked = {os.path.normpath(os.path.join(os.path.dirname(OVERVIEW), t)) for t in _relative_links(text)}
     missing = [a for a in assignments() if os.path.join(ROOT, "assignments", a, "README.md") not in linked]
     assert not missing, f"assignments/README.md does not link the lessons of {missing}"
+
+
+def _github_slug(heading: str) -> str:
+    """The anchor GitHub (and the site, `myst_heading_anchors`) gives a heading: lower case, punctuation
+    dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _thread_anchors():
+    text = open(OVERVIEW).read()
+    found = {}
+    for heading in re.findall(r"^## (.+)$", text, re.M):
+        m = re.match(r"(\d+)\. Thread \((a|b)\)", heading)
+        if m:
+            found[m.group(2)] = _github_slug(heading)
+    return found
+
+
+def test_the_overview_has_its_two_threads_as_sections_3_and_4():
+    anchors = _thread_anchors()
+    assert set(anchors) == {"a", "b"}, f"assignments/README.md should have '## 3. Thread (a)' and '## 4. Thread (b)'"
+    assert anchors["a"].startswith("3-thread-a-") and anchors["b"].startswith("4-thread-b-"), anchors
+
+
+@pytest.mark.parametrize("assignment", assignments())
+def test_every_lesson_and_deep_dive_links_both_threads_of_the_overview(assignment):
+    """Not only the breadcrumb: each README and deep dive links section 3 (backward twins) and section 4
+    (overlap) of the overview, by their anchors (issue 20)."""
+    anchors = _thread_anchors()
+    missing = []
+    for page in sorted(glob.glob(os.path.join(ROOT, "assignments", assignment, "*.md"))):
+        text = open(page).read()
+        targets = {t for t in LINK.findall(text)}
+        for thread, anchor in sorted(anchors.items()):
+            if f"../README.md#{anchor}" not in targets:
+                missing.append(f"{os.path.relpath(page, ROOT)}: no link to ../README.md#{anchor} (thread ({thread}))")
+    assert not missing, "\n".join(missing)
