@@ -184,6 +184,11 @@ def _first_difference(name: str, en: list, zh: list) -> list[str]:
         head = f"{name}: same count ({len(en)})"
     for i, (a, b) in enumerate(zip(en, zh)):
         if a != b:
+            lines = list(zip(a[-1].splitlines() + [""], b[-1].splitlines() + [""])) \
+                if isinstance(a, tuple) and isinstance(a[-1], str) else []
+            j = next((j for j, (x, y) in enumerate(lines) if x != y), None)
+            if j is not None:
+                return [f"{head}; #{i + 1} differs at line {j + 1}: English {lines[j][0]!r} vs Chinese {lines[j][1]!r}"]
             return [f"{head}; #{i + 1} differs: English {a!r} vs Chinese {b!r}"]
     return [f"{head}; the first {min(len(en), len(zh))} agree, then: "
             f"{(en if len(en) > len(zh) else zh)[min(len(en), len(zh))]!r}"]
