@@ -28,6 +28,7 @@ import glob
 import os
 import re
 from collections import Counter
+from urllib.parse import unquote
 
 import markdown_it
 import pytest
@@ -146,9 +147,9 @@ class Lesson:
         for href in self.links:
             if not href or re.match(r"^[a-z][a-z0-9+.-]*:", href):
                 continue
-            path, _, fragment = href.partition("#")
+            path, _, fragment = (unquote(part) for part in href.partition("#"))    # markdown-it %-encodes
             target = os.path.normpath(os.path.join(os.path.dirname(self.rel), path)) if path else None
-            yield href, target, fragment
+            yield unquote(href), target, fragment
 
 
 _CACHE: dict[str, Lesson] = {}
