@@ -14,9 +14,10 @@ in two scratch copies of the course, and prints:
 - whether every student's score per cell is the same under both (nbgrader's
   in-kernel verdict of the full source test cells against the trusted
   verdict: they must agree on these honest submissions);
-- the breakdown of one submission's time in the course's command (nbgrader's
-  run of the notebook, the trusted run, the feedback) and, for plain
-  nbgrader, its start-up (an autograde with nothing to grade).
+- the breakdown of one submission's time in the course's command (the
+  trusted run: the student's cells in the sandbox and every check once;
+  the feedback) and, for plain nbgrader, its start-up (an autograde with
+  nothing to grade).
 Not a test: the numbers depend on the machine and its load.
 """
 
@@ -151,7 +152,7 @@ def main() -> None:
     print(f"speed-up: {t_plain / t_ours:.2f}x")
     print(f"scores identical for every student and cell: {not differ}" + (f" (differ: {differ[:5]})" if differ else ""))
     print(f"\none submission in the course's command (median over {len(timings)}; seconds of one worker):")
-    for key in ("kernel_run", "trusted_run", "feedback", "total"):
+    for key in ("trusted_run", "feedback", "total"):
         vals = [t[key] for t in timings if key in t]
         if vals:
             print(f"  {key:<12} {statistics.median(vals):6.1f}")
