@@ -26,7 +26,7 @@ from conftest import sweep
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from solutions.mutants.context_parallel import MUTANTS  # noqa: E402
+from solutions.context_parallel.mutants import MUTANTS  # noqa: E402
 from solutions.submissions import (  # noqa: E402
     mutant_submission, notebook_path, reference_submission, run_graded_cells, untouched_submission,
 )

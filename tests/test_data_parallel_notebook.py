@@ -24,7 +24,7 @@ from conftest import sweep
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from solutions.mutants.data_parallel import MUTANTS, VARIANTS  # noqa: E402
+from solutions.data_parallel.mutants import MUTANTS, VARIANTS  # noqa: E402
 from solutions.submissions import (mutant_submission, notebook_path, reference_submission,  # noqa: E402
                                    run_graded_cells, untouched_submission)
 

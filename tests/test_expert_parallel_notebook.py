@@ -27,7 +27,7 @@ from conftest import sweep
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from solutions.mutants.expert_parallel import MUTANTS  # noqa: E402
+from solutions.expert_parallel.mutants import MUTANTS  # noqa: E402
 from solutions.submissions import (  # noqa: E402
     mutant_submission, notebook_path, reference_submission, run_graded_cells, untouched_submission,
 )
@@ -114,7 +114,7 @@ def test_mutant_fails_exactly_its_cells(m):
 
 def test_picture_of_the_reference_dispatcher_is_a_png():
     from autograder.checks.expert_parallel import plot_dispatch
-    from solutions.expert_parallel_layers import AllToAllTokenDispatcher
+    from solutions.expert_parallel.layers import AllToAllTokenDispatcher
 
     pic = plot_dispatch(AllToAllTokenDispatcher, world_size=4, num_experts=8, num_tokens=24, k=2)
     assert pic.png.startswith(b"\x89PNG\r\n\x1a\n") and len(pic.png) > 10_000

@@ -122,7 +122,7 @@ def test_the_student_archive_holds_the_notebooks_the_lessons_and_the_wheel_only(
     """dist/llm-parallelism-course.tar.gz: one folder; no solution or hidden-test text in any file of it."""
     import tarfile
 
-    from autograder.package import PACKAGE_DIR, build_student_package
+    from autograder.authoring.package import PACKAGE_DIR, build_student_package
 
     archive = build_student_package(ROOT, str(tmp_path))
     with tarfile.open(archive) as tar:

@@ -26,7 +26,7 @@ from conftest import sweep
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from solutions.mutants.tensor_parallel import MUTANTS  # noqa: E402
+from solutions.tensor_parallel.mutants import MUTANTS  # noqa: E402
 from solutions.submissions import (  # noqa: E402
     mutant_submission, notebook_path, reference_submission, run_graded_cells, untouched_submission,
 )
@@ -86,7 +86,7 @@ def test_mutant_is_caught(m):
     results = run_graded_cells(mutant_submission(A, m), A, only=set(m.must_fail) | must_pass)
     for gid in sorted(m.must_fail):
         ok, msg = results[gid].passed, results[gid].message
-        kind = msg.split(":", 1)[0].rsplit(".", 1)[-1]  # "autograder.compare.CheckFailure" -> "CheckFailure"
+        kind = msg.split(":", 1)[0].rsplit(".", 1)[-1]  # "autograder.runtime.compare.CheckFailure" -> "CheckFailure"
         assert not ok, f"mutant {m.name} ({m.why}) passed {gid}"
         assert "rank " in msg or kind in ("CheckFailure", "ValueError"), \
             f"mutant {m.name}: {gid} failed with an unclear message:\n{msg[:500]}"
