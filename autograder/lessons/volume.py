@@ -148,6 +148,11 @@ def dp_step_seconds(num_params: float, d: int, tokens_per_microbatch: int, *, li
 # Pipeline parallelism (assignment 03, README sections 2-5); checked in tests/test_pipeline_parallel_volume.py
 # ---------------------------------------------------------------------------
 
+__all__ += ["pp_bubble_fraction", "pp_boundary_bytes", "pp_step_p2p_bytes", "pp_peak_outputs", "transformer_layer_flops",
+            "pp_stage_seconds", "pp_bubble_seconds", "pp_step_seconds", "activation_bytes_per_layer",
+            "pp_stage_activation_bytes"]
+
+
 def pp_bubble_fraction(num_stages: int, num_microbatches: int, num_chunks: int = 1) -> float:
     """Idle fraction of a rank over one step, (p - 1) / (v m + p - 1): GPipe and 1F1B (v = 1), interleaved 1F1B."""
     p, m, v = num_stages, num_microbatches, num_chunks
