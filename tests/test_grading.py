@@ -219,7 +219,11 @@ def test_the_course_runs_as_a_gradescope_autograder(course, tmp_path):
         z.extractall(tmp_path / "autograder" / "source")
         run = z.read("run_autograder").decode()
     assert {"setup.sh", "run_autograder"} <= set(names)
-    assert any(n.startswith("wheels/") and n.endswith(".whl") for n in names)
+    wheels = [n for n in names if n.startswith("wheels/") and n.endswith(".whl")]
+    assert len(wheels) == 1, names
+    with zipfile.ZipFile(tmp_path / "autograder" / "source" / wheels[0]) as whl:  # the whole package: it grades
+        assert {"autograder/grading/gradescope.py", "autograder/grading/trusted.py",
+                "autograder/runtime/dist.py", "autograder/checks/__init__.py"} <= set(whl.namelist())
     assert not [n for n in names if n.startswith(("solutions/", "tests/"))]
     assert f"-m autograder.grading.gradescope {A} --course /autograder/source" in run
     for student, nb, expected in (("ref", reference(course), 12), ("stub", release(course), 0)):

@@ -34,12 +34,15 @@ import pytest
 
 from course import ROOT
 
+sys.path.insert(0, ROOT)
+from autograder.authoring.package import STUDENT_LAYERS  # noqa: E402
+
 PACKAGE = os.path.join(ROOT, "autograder")
 
 # subpackage -> rank: a module imports only its own subpackage and lower ranks
 LAYERS = {"runtime": 0, "lessons": 0, "checks": 1, "authoring": 2, "grading": 3}
+STUDENT = set(STUDENT_LAYERS)  # what the student's wheel ships (autograder/authoring/package.py)
 TOP = "<top>"       # autograder/__init__.py and autograder/grade.py (`python -m autograder.grade`): above all
-STUDENT = {"runtime", "lessons", "checks"}  # what the student package ships (autograder/authoring/package.py)
 
 _TEXT_IMPORT = re.compile(r"\b(?:from|import)\s+(autograder(?:\.\w+)*)")
 

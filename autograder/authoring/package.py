@@ -7,12 +7,15 @@ The archive unpacks into `llm-parallelism-course/`:
     README.md            the README's "For students" section: the commands, exactly
     release/NN_<dim>/    the notebooks (stubs, visible tests)
     assignments/         the lessons (README.md and deep dives per dimension, the course overview)
-    wheels/              the `autograder` package (runner, ledger, comparisons, public checks)
+    wheels/              the `autograder` package's student layers: runtime (runner, ledger, comparisons,
+                         report), lessons (volumes, figures, the tiny GPT, the planner's types), checks
 
 so that `jupyter lab` started in that folder shows the notebooks and the
 lessons side by side, and every lesson link of a notebook
 (`../../assignments/NN_<dim>/README.md`) opens. No solution and no hidden test
-is in it (tests/test_release.py checks the archive).
+is in it, nor the instructor's layers (autograder.grading, autograder.authoring):
+tests/test_release.py checks the archive, tests/test_layers.py that the student
+layers import nothing else. The Gradescope zip holds the whole package (it grades).
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ import sys
 import tarfile
 import tempfile
 
-__all__ = ["PACKAGE_DIR", "student_section", "student_commands", "build_student_package",
-           "build_gradescope_package"]
+__all__ = ["PACKAGE_DIR", "STUDENT_LAYERS", "student_section", "student_commands", "build_wheel",
+           "build_student_package", "build_gradescope_package"]
 
 PACKAGE_DIR = "llm-parallelism-course"
+# The subpackages of autograder a student's notebook needs (what it imports, and what that imports).
+STUDENT_LAYERS = ("runtime", "lessons", "checks")
 
 
 def student_section(readme_text: str) -> str:
@@ -53,9 +58,24 @@ def student_commands(readme_text: str) -> list[str]:
     return lines
 
 
-def _wheel(root: str, out: str) -> str:
+def build_wheel(root: str, out: str, *, student: bool) -> str:
+    """The course's wheel, written to `out`: the student's (autograder/__init__.py and STUDENT_LAYERS only) or,
+    with student=False, the whole package (a Gradescope autograder grades with it). Returns its path."""
+    if not student:
+        return _pip_wheel(root, out)
+    with tempfile.TemporaryDirectory() as stage:
+        shutil.copy2(os.path.join(root, "pyproject.toml"), stage)
+        os.makedirs(os.path.join(stage, "autograder"))
+        shutil.copy2(os.path.join(root, "autograder", "__init__.py"), os.path.join(stage, "autograder"))
+        for layer in STUDENT_LAYERS:
+            shutil.copytree(os.path.join(root, "autograder", layer), os.path.join(stage, "autograder", layer),
+                            ignore=shutil.ignore_patterns("__pycache__"))
+        return _pip_wheel(stage, out)
+
+
+def _pip_wheel(project: str, out: str) -> str:
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "-w", out, root], check=True, cwd=root)
+                    "-w", out, project], check=True, cwd=project)
     wheels = glob.glob(os.path.join(out, "*.whl"))
     if len(wheels) != 1:
         raise RuntimeError(f"expected one wheel in {out}, found {wheels}")
@@ -68,7 +88,7 @@ def build_student_package(root: str, out_dir: str) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         top = os.path.join(tmp, PACKAGE_DIR)
         os.makedirs(os.path.join(top, "wheels"))
-        wheel = _wheel(root, os.path.join(top, "wheels"))
+        wheel = build_wheel(root, os.path.join(top, "wheels"), student=True)
         shutil.copy2(wheel, out_dir)
         shutil.copytree(os.path.join(root, "release"), os.path.join(top, "release"),
                         ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
@@ -111,14 +131,15 @@ def build_gradescope_package(root: str, assignment: str, out_dir: str) -> str:
 
     setup.sh and run_autograder at the top; the source and release notebooks of
     the assignment (the hidden tests: instructor-only, never given to
-    students) and the course's wheel. No solutions, no course tests.
+    students) and the course's whole wheel (the grading layer included). No
+    solutions, no course tests.
     """
     import zipfile
 
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, f"gradescope-{assignment}.zip")
     with tempfile.TemporaryDirectory() as tmp:
-        wheel = _wheel(root, os.path.join(tmp, "wheels"))
+        wheel = build_wheel(root, os.path.join(tmp, "wheels"), student=False)
         with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
             for name, text in (("setup.sh", _SETUP_SH), ("run_autograder", _RUN_AUTOGRADER.format(assignment=assignment))):
                 info = zipfile.ZipInfo(name)
