@@ -257,7 +257,7 @@ def _secrets(course: str) -> list[str]:
 
     from course import secret_lines
 
-    with open(os.path.join(course, "solutions", "tensor_parallel.py"), encoding="utf-8") as f:
+    with open(os.path.join(course, "solutions", "tensor_parallel", "mappings.py"), encoding="utf-8") as f:
         first = f.readline().strip().strip('"')
     source = nbformat.read(os.path.join(course, "source", A, notebook_name(course)), as_version=4)
     return [first] + [line for line in secret_lines(source)[1] if len(line) > 20]
