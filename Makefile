@@ -44,8 +44,9 @@ lab: student-package
 	tar xzf dist/llm-parallelism-course.tar.gz -C build/student
 	cd build/student/llm-parallelism-course && $(CURDIR)/$(VENV)/bin/jupyter lab
 
-# What students receive: dist/llm-parallelism-course.tar.gz (release notebooks, lessons, the autograder
-# wheel; no solutions, no hidden tests). Its README.md is the student section of this README.
+# What students receive: dist/llm-parallelism-course.tar.gz (release notebooks, lessons, the wheel of autograder's
+# runtime, lessons and checks; no solutions, no hidden tests, no grading). Its README.md is the student section of
+# this README.
 student-package: $(STAMP)
 	rm -rf dist
 	$(PY) -m autograder.grade student-package --out dist

@@ -44,7 +44,7 @@ from nbgrader.preprocessors import (  # noqa: E402
     AssignLatePenalties, CheckCellMetadata, Execute, IgnorePattern, LimitOutput, SaveAutoGrades,
 )
 
-from autograder.nbgrader_plugins import LimitOutputChars  # noqa: E402
+from autograder.grading.nbgrader_plugins import LimitOutputChars  # noqa: E402
 
 c.Autograde.autograde_preprocessors = [Execute, IgnorePattern, ClearMetadataPreprocessor, LimitOutputChars,
                                        LimitOutput, SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]
@@ -55,7 +55,7 @@ c.Autograde.autograde_preprocessors = [Execute, IgnorePattern, ClearMetadataPrep
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor  # noqa: E402
 from nbgrader.preprocessors import ClearHiddenTests, GetGrades  # noqa: E402
 
-from autograder.nbgrader_plugins import HideTestTracebacks  # noqa: E402
+from autograder.grading.nbgrader_plugins import HideTestTracebacks  # noqa: E402
 
 c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, HideTestTracebacks, CSSHTMLHeaderPreprocessor]
 

@@ -24,7 +24,6 @@ Not a test: the numbers depend on the machine and its load.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import statistics
@@ -47,8 +46,7 @@ def _submissions(assignments: list[str], total: int) -> list[tuple[str, str, obj
     """(assignment, student, notebook), cycling through reference, untouched and every mutant."""
     kinds = []
     for a in assignments:
-        mutants = importlib.import_module(f"solutions.mutants.{a.split('_', 1)[1]}").MUTANTS
-        kinds += [(a, "reference", None), (a, "untouched", None)] + [(a, m.name, m) for m in mutants]
+        kinds += [(a, "reference", None), (a, "untouched", None)] + [(a, m.name, m) for m in submissions.mutants_of(a)]
     out, i = [], 0
     while len(out) < total:
         a, kind, m = kinds[i % len(kinds)]

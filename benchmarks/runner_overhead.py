@@ -32,7 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
-from autograder.dist import run_distributed  # noqa: E402
+from autograder.runtime.dist import run_distributed  # noqa: E402
 
 
 def _work(rank, world_size):

@@ -3,8 +3,8 @@
     from docs.figures import FIGURES, draw_all
     draw_all("build/site-src/_figures")      # {name: path}; docs/build_site.py places each in its lesson
 
-Every number comes from a function the graded code uses (`autograder.volume`,
-`autograder.hardware`, the checks' plotting and simulation helpers), so the
+Every number comes from a function the graded code uses (`autograder.lessons.volume`,
+`autograder.lessons.hardware`, the checks' plotting and simulation helpers), so the
 site and the grader cannot disagree. Nothing is imported from `solutions/`.
 Where a figure needs what an exercise computes (the ZeRO ledger, a schedule's
 action lists, which ring step does which work), a few lines here compute it
@@ -43,8 +43,8 @@ def _save(fig, path: str) -> None:
 # ---------------------------------------------------------------------------
 
 def dp_volume():
-    from autograder.plots import new_figure
-    from autograder.volume import dp_step_bytes
+    from autograder.lessons.plots import new_figure
+    from autograder.lessons.volume import dp_step_bytes
 
     psi, b = 7.5e9, 2
     ds = [2 ** k for k in range(1, 11)]
@@ -84,8 +84,8 @@ def zero_memory():
 # ---------------------------------------------------------------------------
 
 def tp_volume():
-    from autograder.plots import new_figure
-    from autograder.volume import tp_layer_bytes
+    from autograder.lessons.plots import new_figure
+    from autograder.lessons.volume import tp_layer_bytes
 
     s, b, h = 4096, 1, 8192
     ts = [1, 2, 4, 8, 16]
@@ -128,8 +128,8 @@ def one_f_one_b_actions(p: int, s: int, m: int) -> list:
 
 def pp_schedules():
     from autograder.checks.pipeline_schedules import simulate_schedules
-    from autograder.plots import new_figure
-    from autograder.volume import pp_bubble_fraction
+    from autograder.lessons.plots import new_figure
+    from autograder.lessons.volume import pp_bubble_fraction
 
     p, m = 4, 8
     fig, axes = new_figure(figsize=(10, 4.6), nrows=2)
@@ -196,8 +196,8 @@ def ring_steps():
 
 
 def cp_volume():
-    from autograder.plots import new_figure
-    from autograder.volume import cp_allgather_bytes, cp_ring_bytes, cp_ulysses_bytes
+    from autograder.lessons.plots import new_figure
+    from autograder.lessons.volume import cp_allgather_bytes, cp_ring_bytes, cp_ulysses_bytes
 
     s, b, hidden, kv = 131072, 1, 8192, 1024
     ws = [2, 4, 8, 16, 32]
@@ -222,14 +222,14 @@ def cp_volume():
 FIGURES = [
     Figure("dp_volume", "assignments/01_data_parallel/README.md", "## 2. Communication per step",
            "Bytes each rank sends per step against the number of data-parallel ranks, from "
-           "`autograder.volume.dp_step_bytes` (the function the volume tests check against the ledger): "
+           "`autograder.lessons.volume.dp_step_bytes` (the function the volume tests check against the ledger): "
            "DDP and ZeRO-1/2 tend to $2\\Psi b$, ZeRO-3 to $3\\Psi b$.", dp_volume),
     Figure("zero_memory", "assignments/01_data_parallel/README.md", "## 3. The memory ledger",
            "The ledger above for $\\Psi = 7.5 \\cdot 10^9$ and $d = 64$, drawn by the notebook's "
            "`plot_memory_ledger`; the formulas are checked at build time by the exercise's public check "
            "`check_zero_bytes_per_param`.", zero_memory),
     Figure("tp_volume", "assignments/02_tensor_parallel/README.md", "## 3. Communication volume per transformer layer",
-           "Bytes a rank sends for one layer, from `autograder.volume.tp_layer_bytes`: sequence parallelism "
+           "Bytes a rank sends for one layer, from `autograder.lessons.volume.tp_layer_bytes`: sequence parallelism "
            "keeps the forward volume of plain TP and adds one all-gather in backward (Megatron re-gathers the "
            "input for the weight gradient).", tp_volume),
     Figure("pp_schedules", "assignments/03_pipeline_parallel/README.md", "## 3. The schedules side by side",
@@ -237,7 +237,7 @@ FIGURES = [
            "time, checked at build time against `pp_bubble_fraction`; 1F1B keeps at most $p$ micro-batches "
            "alive instead of $m$.", pp_schedules),
     Figure("cp_volume", "assignments/04_context_parallel/README.md", "## 3. Three ways to give every query every key",
-           "Bytes a rank sends for one attention layer, from `autograder.volume` (`cp_ring_bytes`, "
+           "Bytes a rank sends for one attention layer, from `autograder.lessons.volume` (`cp_ring_bytes`, "
            "`cp_allgather_bytes`, `cp_ulysses_bytes`), for a GQA model with 8 times fewer K/V heads "
            "than query heads.", cp_volume),
     Figure("ring_steps", "assignments/04_context_parallel/03_zigzag.md", "## The zigzag layout",

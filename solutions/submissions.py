@@ -1,8 +1,15 @@
 """Make and grade submissions in-process (instructor tooling and the test suite).
 
     nb = reference_submission("02_tensor_parallel")           # release + reference code
-    nb = mutant_submission("02_tensor_parallel", MUTANTS[0])  # release + one wrong edit
+    m = mutants_of("02_tensor_parallel")[0]                    # solutions/tensor_parallel/mutants.py
+    nb = mutant_submission("02_tensor_parallel", m)           # release + one wrong edit
     results = run_graded_cells(nb)   # {grade_id: CellResult(passed, points, message)}
+
+A `Mutant` is a plausible wrong implementation kept as a test: a student's
+edit of one reference answer cell, written as exact text replacements, so
+the same wrong code is graded in-process by the test suite
+(tests/test_*_notebook.py) and by real nbgrader in the demo. Each
+dimension's mutants are in solutions/<dim>/mutants.py (`MUTANTS`).
 
 `run_graded_cells` executes a notebook's cells in order in this process, like a
 kernel would (errors do not stop later cells), with each test cell's hidden
@@ -14,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
 import io
 import linecache
 import os
@@ -26,6 +34,34 @@ import nbformat
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _MARKERS = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*(\n|\Z)", re.M)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str                   # short slug, e.g. "mean_not_averaged"
+    cell: str                   # grade_id of the solution cell it edits
+    patches: tuple              # ((old, new), ...): each `old` must occur exactly once in the cell
+    must_fail: frozenset        # grade_ids of test cells that must fail
+    why: str = ""               # what a student got wrong, in one line
+    demo: bool = False          # the wrong submission that `make demo` grades
+
+    def apply(self, source: str) -> str:
+        for old, new in self.patches:
+            n = source.count(old)
+            if n != 1:
+                raise ValueError(f"mutant {self.name!r}: patch text occurs {n} times in cell {self.cell!r} "
+                                 f"(must be exactly once): {old!r}")
+            source = source.replace(old, new)
+        return source
+
+
+def mutant(name, cell, patches, must_fail, why="", demo=False) -> Mutant:
+    return Mutant(name, cell, tuple(tuple(p) for p in patches), frozenset(must_fail), why, demo)
+
+
+def mutants_of(assignment: str) -> list[Mutant]:
+    """`MUTANTS` of an assignment: "02_tensor_parallel" -> solutions/tensor_parallel/mutants.py."""
+    return importlib.import_module(f"solutions.{assignment.split('_', 1)[1]}.mutants").MUTANTS
 
 
 def notebook_path(kind: str, assignment: str) -> str:

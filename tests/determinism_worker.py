@@ -11,7 +11,6 @@ collector thresholds; forked rank processes inherit both.
 from __future__ import annotations
 
 import gc
-import importlib
 import json
 import os
 import sys
@@ -23,8 +22,7 @@ from solutions import submissions  # noqa: E402
 
 
 def _mutant(assignment: str, name: str):
-    dim = assignment.split("_", 1)[1]
-    for m in importlib.import_module(f"solutions.mutants.{dim}").MUTANTS:
+    for m in submissions.mutants_of(assignment):
         if m.name == name:
             return m
     raise KeyError(f"{assignment}: no mutant {name!r}")

@@ -22,7 +22,7 @@ import sys
 import nbformat
 import pytest
 
-from autograder.sandbox import sandbox_status
+from autograder.grading.sandbox import sandbox_status
 from course import copy_course
 
 A = "02_tensor_parallel"

@@ -79,14 +79,14 @@ CASES = [
          "_m._expect_mapping_comm = lambda *a, **k: None\n_m.check_consistent = lambda *a, **k: None"),
     Case("checking_swallows_failures", "untouched",
          "import contextlib as _c\n@_c.contextmanager\ndef checking(*a, **k):\n    try:\n        yield\n"
-         "    except BaseException:\n        pass\nimport autograder.report as _r\n_r.checking = checking"),
+         "    except BaseException:\n        pass\nimport autograder.runtime.report as _r\n_r.checking = checking"),
     Case("reference_solutions_read_from_source", "untouched",
          "import glob as _g, json as _j, re as _re\nfor _p in _g.glob(" + ROOT_EXPR + " + '/source/*/*.ipynb'):\n"
          "    for _c in _j.load(open(_p))['cells']:\n        if 'copy_to_tensor' in ''.join(_c['source']):\n"
          "            exec(_re.sub('### (BEGIN|END) SOLUTION', '', ''.join(_c['source'])))"),
     Case("solutions_module_imported", "untouched",
          "import sys as _s\n_s.path.insert(0, " + ROOT_EXPR + ")\ntry:\n"
-         "    from solutions.tensor_parallel import *  # noqa\nexcept ImportError:\n    pass"),
+         "    from solutions.tensor_parallel.mappings import *  # noqa\nexcept ImportError:\n    pass"),
     Case("system_exit_in_the_cell", "untouched", "raise SystemExit(0)"),
     Case("detached_process_rewrites_the_gradebook", "untouched",
          "import subprocess as _sp, sys as _s\n_sp.Popen([_s.executable, '-c', 'import time, sqlite3; time.sleep(4); "
@@ -95,7 +95,7 @@ CASES = [
     Case("parent_process_killed", "untouched", "import os as _o, signal as _sg\n_o.kill(_o.getppid(), _sg.SIGKILL)"),
     # -- reading what a submission must not see (a correct notebook: its score stays 12) --------------------
     Case("reads_the_solutions", "reference",
-         "try:\n    print(open(" + ROOT_EXPR + " + '/solutions/tensor_parallel.py').read())\n"
+         "try:\n    print(open(" + ROOT_EXPR + " + '/solutions/tensor_parallel/mappings.py').read())\n"
          "except OSError as _e:\n    print('no solutions here:', type(_e).__name__)", 12),
     Case("reads_the_hidden_tests", "reference",
          "import glob as _g\nfor _p in _g.glob(" + ROOT_EXPR + " + '/source/*/*.ipynb'):\n    print(open(_p).read())", 12),
@@ -145,7 +145,7 @@ CASES = [
     # the course's runner, broken in the notebook's own processes: the given cells that run code fail there
     # (as in the student's kernel), and the notebook scores 0, with the reason, not a grader error
     Case("breaks_the_course_runner_it_runs_on", "reference",
-         "import sys as _s\n_s.modules['autograder.trusted'] = None", 0),
+         "import sys as _s\n_s.modules['autograder.runtime.plaindata'] = None", 0),
     Case("replaces_the_checks_rank_program", "untouched",
          "import autograder.checks.tensor_parallel as _m\n"
          "for _n in dir(_m):\n    if _n.endswith('_rank') and callable(getattr(_m, _n)):\n"
@@ -416,7 +416,7 @@ def _secrets(course: str) -> list[str]:
 
     from course import secret_lines
 
-    with open(os.path.join(course, "solutions", "tensor_parallel.py"), encoding="utf-8") as f:
+    with open(os.path.join(course, "solutions", "tensor_parallel", "mappings.py"), encoding="utf-8") as f:
         first = f.readline().strip().strip('"')
     source = nbformat.read(os.path.join(course, "source", A, notebook_name(course)), as_version=4)
     return [first] + [line for line in secret_lines(source)[1] if len(line) > 20]

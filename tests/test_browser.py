@@ -37,7 +37,7 @@ import pytest
 from course import ROOT, assignments
 
 sys.path.insert(0, ROOT)
-from autograder.package import PACKAGE_DIR, build_student_package, student_commands  # noqa: E402
+from autograder.authoring.package import PACKAGE_DIR, build_student_package, student_commands  # noqa: E402
 from solutions import submissions  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

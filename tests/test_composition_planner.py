@@ -16,13 +16,13 @@ import itertools
 
 import pytest
 
-from autograder.planner import (
+from autograder.lessons.planner import (
     GPT3_175B, LLAMA3_405B, LLAMA3_70B, LLAMA3_8B, Cluster, Layout, ModelConfig, Training, crosses_nodes,
     layers_on_stage,
 )
-from autograder.volume import dp_step_bytes, zero_step_bytes
-from solutions.composition import rank_layout
-from solutions.composition_planner import best_layouts, memory_per_gpu, plan, stage_params, step_time
+from autograder.lessons.volume import dp_step_bytes, zero_step_bytes
+from solutions.composition.layout import rank_layout
+from solutions.composition.planner import best_layouts, memory_per_gpu, plan, stage_params, step_time
 
 GB = 1e9
 

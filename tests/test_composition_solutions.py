@@ -29,9 +29,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import autograder.checks.composition as checks  # noqa: E402,F401 - imports DTensor/FSDP/pipelining in the parent
-from autograder.dist import run_distributed  # noqa: E402
-from solutions.composition import build_device_mesh, local_batch, rank_layout  # noqa: E402
-from solutions.composition_train import clip_grad_norm_, split_model_for_pipeline  # noqa: E402
+from autograder.runtime.dist import run_distributed  # noqa: E402
+from solutions.composition.layout import build_device_mesh, local_batch, rank_layout  # noqa: E402
+from solutions.composition.train import clip_grad_norm_, split_model_for_pipeline  # noqa: E402
 
 DIMS = ("tp", "cp", "ep", "dp", "pp")
 
@@ -222,7 +222,7 @@ def test_clip_grad_norm_equals_pytorch_on_a_dp_tp_mesh(max_norm):
 # ---------------------------------------------------------------------------
 
 def test_split_model_for_pipeline_keeps_global_names_and_the_tied_copy():
-    from autograder.tinygpt import ModelArgs, TinyGPT
+    from autograder.lessons.tinygpt import ModelArgs, TinyGPT
 
     model = TinyGPT(ModelArgs(n_layers=4))
     last = split_model_for_pipeline(model, pp_rank=1, pp_size=2)

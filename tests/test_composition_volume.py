@@ -1,4 +1,4 @@
-"""The volume formulas of assignment 06's section of autograder/volume.py, against ledgers and 04's counts.
+"""The volume formulas of assignment 06's section of autograder/lessons/volume.py, against ledgers and 04's counts.
 
     .venv/bin/python -m pytest -q tests/test_composition_volume.py
 
@@ -14,11 +14,11 @@ import pytest
 import torch
 
 import autograder.checks.composition as checks  # noqa: F401 - DTensor, FSDP, pipelining imported in the parent
-from autograder.dist import run_distributed
-from autograder.ledger import CommLedger
-from autograder.tinygpt import ModelArgs, TinyGPT, master_state
-from autograder.volume import pp_step_p2p_bytes, ring_attention_bytes_per_layer
-from solutions import composition_train as T
+from autograder.runtime.dist import run_distributed
+from autograder.runtime.ledger import CommLedger
+from autograder.lessons.tinygpt import ModelArgs, TinyGPT, master_state
+from autograder.lessons.volume import pp_step_p2p_bytes, ring_attention_bytes_per_layer
+from solutions.composition import train as T
 
 
 def _pipeline_program(rank, world_size, microbatches, batch, seq):
@@ -92,7 +92,7 @@ def test_the_tp_plan_communicates_what_the_lesson_says():
     """02_tp_and_fsdp.md section 2: per block, forward 2 all-gathers + 2 reduce-scatters of [b, s, h]; the
     embedding's output is reduce-scattered and the head's input all-gathered once more; backward mirrors
     forward (PyTorch keeps the gathered input for the weight gradient: tp_pair_bytes(regather=False))."""
-    from autograder.volume import bytes_sent, tp_layer_bytes
+    from autograder.lessons.volume import bytes_sent, tp_layer_bytes
 
     batch, seq, t = 2, 8, 2
     args = ModelArgs()

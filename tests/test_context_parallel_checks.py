@@ -24,13 +24,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import autograder.checks.context_parallel as checks  # noqa: E402
-from autograder.compare import CheckFailure  # noqa: E402
-from autograder.dist import DistributedError, run_distributed  # noqa: E402
-from autograder.ledger import CommLedger, CommRecord  # noqa: E402
-from solutions.context_parallel import (  # noqa: E402
+from autograder.runtime.compare import CheckFailure  # noqa: E402
+from autograder.runtime.dist import DistributedError, run_distributed  # noqa: E402
+from autograder.runtime.ledger import CommLedger, CommRecord  # noqa: E402
+from solutions.context_parallel.ring import (  # noqa: E402
     attention_with_lse, merge_attention, ring_attention, ring_attention_forward,
 )
-from solutions.context_parallel_zigzag import zigzag_ring_attention  # noqa: E402
+from solutions.context_parallel.zigzag import zigzag_ring_attention  # noqa: E402
 
 
 def _qkv(seed, b=2, s=8, n=3, d=4):
@@ -196,8 +196,8 @@ def test_sdpa_inside_the_ring_is_invisible_to_flop_counting():
         lse = torch.logsumexp(scores.masked_fill(~mask[None, :, :, None], float("-inf")), dim=2)
         return out, lse
 
-    import solutions.context_parallel as cp
-    import solutions.context_parallel_zigzag as zz
+    import solutions.context_parallel.ring as cp
+    import solutions.context_parallel.zigzag as zz
 
     originals = cp.attention_with_lse, zz.attention_with_lse
     cp.attention_with_lse = zz.attention_with_lse = sdpa_attention  # the rings look it up by name, as in a notebook

@@ -24,13 +24,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import autograder.checks.context_parallel as checks  # noqa: E402
-from autograder.dist import run_distributed  # noqa: E402
-from autograder.ledger import CommLedger  # noqa: E402
-from solutions.context_parallel import (  # noqa: E402
+from autograder.runtime.dist import run_distributed  # noqa: E402
+from autograder.runtime.ledger import CommLedger  # noqa: E402
+from solutions.context_parallel.ring import (  # noqa: E402
     attention_block_backward, attention_with_lse, merge_attention, ring_attention,
 )
-from solutions.context_parallel_ulysses import seq_all_to_all, ulysses_attention  # noqa: E402
-from solutions.context_parallel_zigzag import zigzag_ring_attention, zigzag_split  # noqa: E402
+from solutions.context_parallel.ulysses import seq_all_to_all, ulysses_attention  # noqa: E402
+from solutions.context_parallel.zigzag import zigzag_ring_attention, zigzag_split  # noqa: E402
 
 
 def _qkv(seed, b=2, s=8, n=3, d=4, dtype=torch.float64):

@@ -3,7 +3,7 @@
     .venv/bin/python -m pytest -q tests/test_context_parallel_volume.py
 
 Every formula of assignments/04_context_parallel/README.md (sections 3 and 4)
-is computed by autograder/volume.py; here the bytes are measured from the
+is computed by autograder/lessons/volume.py; here the bytes are measured from the
 ledgers of the reference ring and Ulysses (and of an all-gathered-K/V
 attention written below), the FLOPs with FlopCounterMode, and the README's
 tables are regenerated and must appear in it verbatim.
@@ -18,15 +18,15 @@ import torch
 import torch.distributed as dist
 from torch.utils.flop_counter import FlopCounterMode
 
-from autograder.dist import run_distributed
-from autograder.hardware import H100_NODE
-from autograder.ledger import CommLedger
-from autograder.volume import (
+from autograder.runtime.dist import run_distributed
+from autograder.lessons.hardware import H100_NODE
+from autograder.runtime.ledger import CommLedger
+from autograder.lessons.volume import (
     attention_flops, cp_allgather_bytes, cp_attention_seconds, cp_bytes_sent, cp_comparison_table,
     cp_ring_bytes, cp_ulysses_bytes, cp_winner_grid, ring_overlap_min_tokens, ring_step_seconds,
 )
-from solutions.context_parallel import attention_block_backward, attention_with_lse, ring_attention
-from solutions.context_parallel_ulysses import ulysses_attention
+from solutions.context_parallel.ring import attention_block_backward, attention_with_lse, ring_attention
+from solutions.context_parallel.ulysses import ulysses_attention
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 B, S, N, D = 2, 16, 4, 3  # h = kv = N * D = 12, float64: 8 bytes per element
@@ -109,7 +109,7 @@ def test_ring_overlap_threshold_is_where_compute_catches_up(phase, kv_hidden, wo
 
 
 def test_readme_numbers_are_computed():
-    """The README's section-4 tables are exactly what autograder/volume.py prints."""
+    """The README's section-4 tables are exactly what autograder/lessons/volume.py prints."""
     readme = open(os.path.join(ROOT, "assignments", "04_context_parallel", "README.md"), encoding="utf-8").read()
     tables = [
         cp_comparison_table(seq=131072, batch=1, hidden=4096, kv_hidden=1024, cp=8),

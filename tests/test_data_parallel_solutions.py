@@ -24,12 +24,12 @@ sys.path.insert(0, ROOT)
 
 from autograder.checks import data_parallel as checks  # noqa: E402
 from autograder.checks import data_parallel_fsdp as fsdp_checks  # noqa: E402
-from autograder.dist import run_distributed  # noqa: E402
-from autograder.ledger import CommLedger  # noqa: E402
-from solutions.data_parallel import (BucketedDDP, all_reduce_gradients, broadcast_module_states,  # noqa: E402
+from autograder.runtime.dist import run_distributed  # noqa: E402
+from autograder.runtime.ledger import CommLedger  # noqa: E402
+from solutions.data_parallel.ddp import (BucketedDDP, all_reduce_gradients, broadcast_module_states,  # noqa: E402
                                      zero_bytes_per_param)
-from solutions.data_parallel_fsdp import FlatLayout, fully_shard, gather_full_params, param_slots  # noqa: E402
-from solutions.data_parallel_sharded import ZeroShardedOptimizer  # noqa: E402
+from solutions.data_parallel.fsdp import FlatLayout, fully_shard, gather_full_params, param_slots  # noqa: E402
+from solutions.data_parallel.zero import ZeroShardedOptimizer  # noqa: E402
 
 ODD = dict(dims=(5, 6, 6, 6, 1), unused=True, frozen=True, tied=True)
 GROUPS = ((".weight", 1.0, 0.1), ("", 3.0, 0.0))

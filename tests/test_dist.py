@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from autograder.dist import DistributedError, run_distributed
+from autograder.runtime.dist import DistributedError, run_distributed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -236,7 +236,7 @@ def test_spawn_runs_a_function_defined_in_main_of_a_script_without_a_guard(tmp_p
     script = tmp_path / "student_script.py"
     script.write_text(textwrap.dedent("""
         import torch, torch.distributed as dist
-        from autograder.dist import run_distributed
+        from autograder.runtime.dist import run_distributed
 
         class Doubler:                      # a class defined in __main__, as in a notebook cell
             def __call__(self, t):
@@ -347,7 +347,7 @@ def _torch_error_on_1(rank, world_size):
 
 
 def test_only_the_students_frames_unless_internals_are_asked_for():
-    from autograder.report import show_internals
+    from autograder.runtime.report import show_internals
 
     with pytest.raises(DistributedError) as info:
         run_distributed(_torch_error_on_1, 2, timeout=30)

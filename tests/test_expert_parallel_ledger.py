@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from autograder.dist import run_distributed
-from autograder.ledger import CommLedger
-from autograder.volume import all_to_all_traffic
+from autograder.runtime.dist import run_distributed
+from autograder.runtime.ledger import CommLedger
+from autograder.lessons.volume import all_to_all_traffic
 
 
 def _program(rank, world_size):

@@ -29,14 +29,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import autograder.checks.expert_parallel as checks  # noqa: E402
-from autograder.compare import CheckFailure  # noqa: E402
-from autograder.dist import DistributedError, run_distributed  # noqa: E402
-from autograder.ledger import CommLedger  # noqa: E402
-from solutions.expert_parallel import (  # noqa: E402
+from autograder.runtime.compare import CheckFailure  # noqa: E402
+from autograder.runtime.dist import DistributedError, run_distributed  # noqa: E402
+from autograder.runtime.ledger import CommLedger  # noqa: E402
+from solutions.expert_parallel.routing import (  # noqa: E402
     ExpertMLP, _check_split_sizes, all_to_all, exchange_token_counts, load_balancing_loss, permute,
     run_local_experts, sort_chunks_by_idxs, topk_router, unpermute,
 )
-from solutions.expert_parallel_layers import AllToAllTokenDispatcher, MoELayer, apply_router_token_dropping  # noqa: E402
+from solutions.expert_parallel.layers import AllToAllTokenDispatcher, MoELayer, apply_router_token_dropping  # noqa: E402
 
 
 def _megatron_moe_utils():

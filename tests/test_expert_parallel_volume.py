@@ -1,4 +1,4 @@
-"""Assignment 05's lesson numbers, computed by autograder/volume.py and checked against runs and simulations.
+"""Assignment 05's lesson numbers, computed by autograder/lessons/volume.py and checked against runs and simulations.
 
     .venv/bin/python -m pytest -q tests/test_expert_parallel_volume.py
 
@@ -7,7 +7,7 @@
 - `expected_distinct_groups` and `remote_copies_per_token` against exact
   enumeration and a Monte-Carlo simulation of uniform routing;
 - the README's time table and quoted figures, recomputed from
-  `ep_forward_seconds` and `autograder/hardware.py`, must appear in the README;
+  `ep_forward_seconds` and `autograder/lessons/hardware.py`, must appear in the README;
 - the worked example of 02_dispatcher.md, run through the reference dispatcher;
 - the two-hop dispatch (why M = 4 nodes) and FP8's bytes per element, from the stated figures;
 - the load-imbalance table of section 5: `uniform_drop_fraction` against exact enumeration and the
@@ -25,17 +25,17 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from autograder.dist import run_distributed
-from autograder.hardware import H100_NODE, compute_seconds
-from autograder.ledger import CommLedger
-from autograder.volume import (
+from autograder.runtime.dist import run_distributed
+from autograder.lessons.hardware import H100_NODE, compute_seconds
+from autograder.runtime.ledger import CommLedger
+from autograder.lessons.volume import (
     all_to_all_traffic, busiest_gpu_over_mean, capacity_drop_fraction, ep_dispatch_bytes, ep_forward_seconds,
     ep_layer_bytes, expected_distinct_groups, expert_capacity, expert_data_parallel_size, expert_load_table,
     fp8_bytes_per_element,
     moe_expert_flops, place_experts, remote_copies_per_token, simulate_expert_loads, two_hop_dispatch,
     uniform_drop_fraction,
 )
-from solutions.expert_parallel_layers import AllToAllTokenDispatcher, MoELayer
+from solutions.expert_parallel.layers import AllToAllTokenDispatcher, MoELayer
 
 LESSON = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assignments", "05_expert_parallel")
 MiB = 2**20

@@ -5,7 +5,7 @@
 
 import torch
 
-from autograder.gpu import nccl_status, run_nccl_checks
+from autograder.runtime.gpu import nccl_status, run_nccl_checks
 
 
 def test_nccl_checks_say_why_they_were_skipped(capsys):
@@ -25,7 +25,7 @@ def test_nccl_checks_say_why_they_were_skipped(capsys):
 
 
 def test_a_failing_nccl_check_is_reported_not_raised(monkeypatch):
-    import autograder.gpu as gpu
+    import autograder.runtime.gpu as gpu
 
     monkeypatch.setattr(gpu, "nccl_status", lambda ws: (True, "pretend"))
 

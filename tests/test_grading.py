@@ -202,7 +202,7 @@ def test_a_canvas_download_is_collected_with_nbgrader_zip_collect_and_graded(cou
 
 
 def test_a_second_grading_command_is_told_who_holds_the_lock(course):
-    from autograder.classrun import course_lock
+    from autograder.grading.classrun import course_lock
 
     with course_lock(course):
         t0 = time.monotonic()
@@ -220,16 +220,20 @@ def test_the_course_runs_as_a_gradescope_autograder(course, tmp_path):
         z.extractall(tmp_path / "autograder" / "source")
         run = z.read("run_autograder").decode()
     assert {"setup.sh", "run_autograder"} <= set(names)
-    assert any(n.startswith("wheels/") and n.endswith(".whl") for n in names)
+    wheels = [n for n in names if n.startswith("wheels/") and n.endswith(".whl")]
+    assert len(wheels) == 1, names
+    with zipfile.ZipFile(tmp_path / "autograder" / "source" / wheels[0]) as whl:  # the whole package: it grades
+        assert {"autograder/grading/gradescope.py", "autograder/grading/trusted.py",
+                "autograder/runtime/dist.py", "autograder/checks/__init__.py"} <= set(whl.namelist())
     assert not [n for n in names if n.startswith(("solutions/", "tests/"))]
-    assert f"-m autograder.gradescope {A} --course /autograder/source" in run
+    assert f"-m autograder.grading.gradescope {A} --course /autograder/source" in run
     for student, nb, expected in (("ref", reference(course), 12), ("stub", release(course), 0)):
         upload = tmp_path / "autograder" / f"submission-{student}"
         upload.mkdir()
         (upload / "my_lab.ipynb").write_text(json.dumps(nb))  # Gradescope keeps the student's file name
         results = tmp_path / f"results-{student}.json"
         env = dict(__import__("grading_course").env(course), PYTHONPATH="")  # only the installed autograder
-        proc = subprocess.run([sys.executable, "-m", "autograder.gradescope", A, "--course",
+        proc = subprocess.run([sys.executable, "-m", "autograder.grading.gradescope", A, "--course",
                                str(tmp_path / "autograder" / "source"), "--submission", str(upload), "--results",
                                str(results)], env=env, capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -26,7 +26,7 @@ def _errors(cell):
 def test_a_deadlocking_cell_fails_and_the_kernel_survives():
     nb = _run([
         "import torch, torch.distributed as dist\n"
-        "from autograder.dist import run_distributed\n"
+        "from autograder.runtime.dist import run_distributed\n"
         "torch.randn(256, 256) @ torch.randn(256, 256)  # warm the kernel's thread pool (spec 6)",
         # a function defined in a notebook cell (fork needs nothing; spawn sends it by value)
         "def student_deadlock(rank, world_size):\n"

@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from autograder.compare import TOLERANCES, CheckFailure, assert_close
-from autograder.dist import run_distributed
-from autograder.ledger import CommLedger, check_consistent, counts, expect_comm, expect_no_comm, select
+from autograder.runtime.compare import TOLERANCES, CheckFailure, assert_close
+from autograder.runtime.dist import run_distributed
+from autograder.runtime.ledger import CommLedger, check_consistent, counts, expect_comm, expect_no_comm, select
 
 
 class _AllReduceInBackward(torch.autograd.Function):

@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import html
-import importlib
 import json
 import os
 import re
@@ -30,9 +29,9 @@ import pytest
 from course import ROOT, assignments, copy_course, nbgrader, secret_lines
 
 sys.path.insert(0, ROOT)
-from autograder.grade import gradebook_rows  # noqa: E402
+from autograder.grading.cli import gradebook_rows  # noqa: E402
 from solutions import submissions  # noqa: E402
-from solutions.mutants import mutant  # noqa: E402
+from solutions.submissions import mutant  # noqa: E402
 
 # A student's all_reduce_gradients that waits for a message no peer sends.
 DEADLOCK = mutant(
@@ -122,8 +121,7 @@ def graded(course):
 
 
 def _demo_mutant(assignment):
-    dim = assignment.split("_", 1)[1]
-    return [m for m in importlib.import_module(f"solutions.mutants.{dim}").MUTANTS if m.demo][0]
+    return [m for m in submissions.mutants_of(assignment) if m.demo][0]
 
 
 @pytest.mark.parametrize("assignment", assignments())

@@ -28,14 +28,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import autograder.checks.pipeline_parallel as checks  # noqa: E402
-from autograder.compare import CheckFailure  # noqa: E402
-from autograder.dist import DistributedError, run_distributed  # noqa: E402
-from autograder.volume import pp_bubble_fraction, pp_peak_outputs  # noqa: E402
-from solutions.pipeline_parallel import (  # noqa: E402
+from autograder.runtime.compare import CheckFailure  # noqa: E402
+from autograder.runtime.dist import DistributedError, run_distributed  # noqa: E402
+from autograder.lessons.volume import pp_bubble_fraction, pp_peak_outputs  # noqa: E402
+from solutions.pipeline_parallel.p2p import (  # noqa: E402
     _check_recv_args, recv_backward, recv_forward, send_backward, send_forward,
 )
-from solutions.pipeline_parallel_runtime import _check_pipeline_args, run_pipeline  # noqa: E402
-from solutions.pipeline_parallel_schedules import (  # noqa: E402
+from solutions.pipeline_parallel.executor import _check_pipeline_args, run_pipeline  # noqa: E402
+from solutions.pipeline_parallel.schedules import (  # noqa: E402
     bubble_fraction, gpipe_schedule, interleaved_1f1b_schedule, one_f_one_b_schedule,
 )
 

@@ -1,10 +1,10 @@
-"""Assignment 03's formulas (autograder/volume.py, pipeline section) against the reference, and the lesson's numbers.
+"""Assignment 03's formulas (autograder/lessons/volume.py, pipeline section) against the reference, and the lesson's numbers.
 
     .venv/bin/python -m pytest -q tests/test_pipeline_parallel_volume.py
 
 Every number in assignments/03_pipeline_parallel/README.md ("Time, not only bytes")
 is recomputed here from the functions that produce it, with the stated hardware
-figures of autograder/hardware.py; the byte formulas are checked against the ledger
+figures of autograder/lessons/hardware.py; the byte formulas are checked against the ledger
 of the reference run_pipeline.
 """
 
@@ -16,15 +16,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import autograder.checks.pipeline_parallel as checks
-from autograder.dist import run_distributed
-from autograder.hardware import H100_NODE, compute_seconds, transfer_seconds
-from autograder.ledger import CommLedger
-from autograder.volume import (
+from autograder.runtime.dist import run_distributed
+from autograder.lessons.hardware import H100_NODE, compute_seconds, transfer_seconds
+from autograder.runtime.ledger import CommLedger
+from autograder.lessons.volume import (
     pp_boundary_bytes, pp_bubble_fraction, pp_bubble_seconds, pp_peak_outputs, pp_stage_seconds, pp_step_p2p_bytes,
     pp_step_seconds, ring_factor, transformer_layer_flops,
 )
-from solutions.pipeline_parallel_runtime import run_pipeline
-from solutions.pipeline_parallel_schedules import interleaved_1f1b_schedule, one_f_one_b_schedule
+from solutions.pipeline_parallel.executor import run_pipeline
+from solutions.pipeline_parallel.schedules import interleaved_1f1b_schedule, one_f_one_b_schedule
 
 MiB = 2 ** 20
 
@@ -115,7 +115,7 @@ def test_lesson_time_example():
 
 def test_lesson_memory_example():
     """03_memory.md: the same 70B-class model (a = 64 heads), TP 8 + SP, selective recomputation, PP 8, m = 32."""
-    from autograder.volume import activation_bytes_per_layer, pp_stage_activation_bytes
+    from autograder.lessons.volume import activation_bytes_per_layer, pp_stage_activation_bytes
 
     s, b, h, a, t = 4096, 1, 8192, 64, 8
     per_layer = activation_bytes_per_layer(s, b, h, a, tp=t, sequence_parallel=True, selective_recompute=True)

@@ -4,7 +4,8 @@
 
 - every release notebook has a stub in each answer cell, and no solution or
   hidden-test text;
-- the student package (a wheel of `autograder`) holds no solutions and no hidden tests;
+- the student package (a wheel of `autograder`'s runtime, lessons and checks) holds no solutions, no
+  hidden tests and not the instructor's layers (grading, authoring);
 - with only that package and a release notebook, a student who completed the
   exercises runs every visible test and passes (a clean environment: no repo
   on the path, `solutions` not importable).
@@ -80,12 +81,12 @@ def student_package(tmp_path_factory):
     packages (torch, nbclient, ipykernel: a .pth line) but not its editable
     install of this repository: `autograder` comes from the wheel alone.
     """
+    from autograder.authoring.package import build_wheel
+
     tmp = tmp_path_factory.mktemp("student")
     wheel_dir = tmp / "wheel"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(wheel_dir), ROOT], check=True, capture_output=True)
-    wheels = glob.glob(str(wheel_dir / "*.whl"))
-    assert len(wheels) == 1
+    wheels = [build_wheel(ROOT, str(wheel_dir), student=True)]
+    assert glob.glob(str(wheel_dir / "*.whl")) == wheels
     venv = tmp / "venv"
     base = getattr(sys, "_base_executable", sys.executable)
     subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
@@ -103,11 +104,16 @@ def student_package(tmp_path_factory):
 def test_student_package_holds_no_solutions_or_hidden_tests(student_package):
     wheel = student_package[0]
     names = zipfile.ZipFile(wheel).namelist()
-    for module in ("dist.py", "ledger.py", "compare.py", "checks/__init__.py"):
+    for module in ("runtime/dist.py", "runtime/ledger.py", "runtime/compare.py", "runtime/report.py",
+                   "lessons/volume.py", "checks/__init__.py"):
         assert f"autograder/{module}" in names, names
     for assignment in assignments():
         assert f"autograder/checks/{assignment.split('_', 1)[1]}.py" in names, names
     assert not [n for n in names if n.startswith(("solutions/", "tests/", "source/"))], names
+    layers = {n.split("/")[1] for n in names if n.startswith("autograder/") and n.count("/") >= 2}
+    assert layers == {"runtime", "lessons", "checks"}, f"the student wheel holds {sorted(layers)}"
+    assert not [n for n in names if n.startswith("autograder/") and n.count("/") == 1
+                and n != "autograder/__init__.py"], names  # not the grading command (autograder/grade.py)
     body = "\n".join(zipfile.ZipFile(wheel).read(n).decode("utf-8", "replace") for n in names if n.endswith(".py"))
     for assignment in assignments():
         solution, hidden = _secret_lines(assignment)
@@ -122,7 +128,7 @@ def test_the_student_archive_holds_the_notebooks_the_lessons_and_the_wheel_only(
     """dist/llm-parallelism-course.tar.gz: one folder; no solution or hidden-test text in any file of it."""
     import tarfile
 
-    from autograder.package import PACKAGE_DIR, build_student_package
+    from autograder.authoring.package import PACKAGE_DIR, build_student_package
 
     archive = build_student_package(ROOT, str(tmp_path))
     with tarfile.open(archive) as tar:

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m pytest -q tests/test_sandbox.py
 
-Every submission's processes run in `autograder.sandbox.Sandbox`. These
+Every submission's processes run in `autograder.grading.sandbox.Sandbox`. These
 tests start real sandboxes (bubblewrap) and look from inside and from the
 host: the submission is an unprivileged user with no capability, `mount`
 and new user namespaces fail, nothing of the course root or of any other
@@ -27,7 +27,7 @@ pytestmark = [needs_sandbox, pytest.mark.timeout(300)]
 
 
 def _inside(code: str, **kwargs) -> str:
-    from autograder.sandbox import Sandbox
+    from autograder.grading.sandbox import Sandbox
 
     with tempfile.TemporaryDirectory() as inputs, Sandbox(ROOT, inputs, **kwargs) as box:
         status, out = box.run([sys.executable, "-c", code], timeout=120)
@@ -36,7 +36,7 @@ def _inside(code: str, **kwargs) -> str:
 
 
 def test_the_probe_finds_no_privileges_inside():
-    from autograder.sandbox import probe, probe_problems
+    from autograder.grading.sandbox import probe, probe_problems
 
     facts = probe(ROOT)
     assert probe_problems(facts) == [], facts
@@ -61,7 +61,7 @@ def test_mount_and_a_nested_user_namespace_fail_from_a_shell_too():
 
 def test_on_the_host_the_submission_is_not_root():
     """When the grader is root, the sandboxed processes belong to an unprivileged host user (nobody)."""
-    from autograder.sandbox import Sandbox
+    from autograder.grading.sandbox import Sandbox
 
     if os.geteuid() != 0:
         pytest.skip("the grader is not root here: the submission runs as the grader's own user")

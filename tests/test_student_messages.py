@@ -28,7 +28,7 @@ from course import ROOT
 
 sys.path.insert(0, ROOT)
 from solutions import submissions  # noqa: E402
-from solutions.mutants import mutant  # noqa: E402
+from solutions.submissions import mutant  # noqa: E402
 
 
 def _meta(cell) -> dict:

@@ -22,15 +22,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import autograder.checks.tensor_parallel as checks  # noqa: E402
-from autograder.compare import CheckFailure  # noqa: E402
-from autograder.dist import run_distributed  # noqa: E402
-from autograder.ledger import CommLedger  # noqa: E402
-from solutions import tensor_parallel as tp  # noqa: E402
-from solutions.tensor_parallel_layers import (  # noqa: E402
+from autograder.runtime.compare import CheckFailure  # noqa: E402
+from autograder.runtime.dist import run_distributed  # noqa: E402
+from autograder.runtime.ledger import CommLedger  # noqa: E402
+from solutions.tensor_parallel import mappings as tp  # noqa: E402
+from solutions.tensor_parallel.layers import (  # noqa: E402
     ColumnParallelLinear, LinearWithAsyncAllReduce, ParallelMLP, RowParallelLinear,
     _master_parameters, allreduce_sequence_parallel_grads,
 )
-from solutions.tensor_parallel_loss import vocab_parallel_cross_entropy  # noqa: E402
+from solutions.tensor_parallel.loss import vocab_parallel_cross_entropy  # noqa: E402
 
 MAPPINGS = [name for name in checks.MAPPINGS]
 

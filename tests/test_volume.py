@@ -3,7 +3,7 @@
     .venv/bin/python -m pytest -q tests/test_volume.py
 
 Every formula in a lesson is computed by code that a test checks (STYLE.md):
-autograder/volume.py holds the formulas; here the same quantity is measured
+autograder/lessons/volume.py holds the formulas; here the same quantity is measured
 from what the reference implementations actually issued, and the lessons'
 worked examples are recomputed.
 """
@@ -15,16 +15,16 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from autograder.dist import run_distributed
-from autograder.ledger import CommLedger, select
-from autograder.hardware import H100_NODE
-from autograder.volume import (bytes_sent, dp_step_bytes, dp_step_seconds, ring_factor, tp_layer_bytes,
+from autograder.runtime.dist import run_distributed
+from autograder.runtime.ledger import CommLedger, select
+from autograder.lessons.hardware import H100_NODE
+from autograder.lessons.volume import (bytes_sent, dp_step_bytes, dp_step_seconds, ring_factor, tp_layer_bytes,
                                tp_layer_seconds, tp_pair_bytes, transformer_layer_flops,
                                transformer_layer_step_flops)
-from solutions.data_parallel import all_reduce_gradients, zero_bytes_per_param
-from solutions.data_parallel_fsdp import fully_shard
-from solutions.data_parallel_sharded import ZeroShardedOptimizer
-from solutions.tensor_parallel_layers import ParallelMLP
+from solutions.data_parallel.ddp import all_reduce_gradients, zero_bytes_per_param
+from solutions.data_parallel.fsdp import fully_shard
+from solutions.data_parallel.zero import ZeroShardedOptimizer
+from solutions.tensor_parallel.layers import ParallelMLP
 
 MiB = 2**20
 
@@ -209,4 +209,4 @@ def test_lessons_state_the_computed_numbers(path, numbers):
     with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), path), encoding="utf-8") as f:
         text = f.read()
     missing = [n for n in numbers if n not in text]
-    assert not missing, f"{path} no longer states {missing} (recompute with autograder/volume.py)"
+    assert not missing, f"{path} no longer states {missing} (recompute with autograder/lessons/volume.py)"

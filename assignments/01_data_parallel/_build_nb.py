@@ -3,9 +3,8 @@
     .venv/bin/python assignments/01_data_parallel/_build_nb.py
     .venv/bin/nbgrader generate_assignment 01_data_parallel --force
 
-Answer cells are cut from solutions/data_parallel.py,
-solutions/data_parallel_sharded.py and solutions/data_parallel_fsdp.py (one
-source of truth); test cells call the public checks in
+Answer cells are cut from solutions/data_parallel/ (ddp.py, zero.py and
+fsdp.py: one source of truth); test cells call the public checks in
 autograder/checks/data_parallel.py and data_parallel_fsdp.py, with hidden cases.
 """
 
@@ -15,10 +14,10 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from autograder.nbbuild import NotebookBuilder, source_of  # noqa: E402
-from solutions import data_parallel as dp  # noqa: E402
-from solutions import data_parallel_fsdp as fsdp  # noqa: E402
-from solutions import data_parallel_sharded as sharded  # noqa: E402
+from autograder.authoring.nbbuild import NotebookBuilder, source_of  # noqa: E402
+from solutions.data_parallel import ddp as dp  # noqa: E402
+from solutions.data_parallel import fsdp  # noqa: E402
+from solutions.data_parallel import zero  # noqa: E402
 
 def solution_cell(nb, grade_id, module, *names):
     nb.solution_from(grade_id, module, *names)
@@ -69,9 +68,7 @@ def build() -> NotebookBuilder:
     import torch.nn.functional as F
     from torch import nn
 
-    from autograder.dist import run_distributed
-    from autograder.report import checking
-    from autograder.ledger import CommLedger, format_trace
+    from autograder.runtime import run_distributed, checking, CommLedger, format_trace
     from autograder.checks.data_parallel import (
         ToyNet, check_broadcast_module_states, check_all_reduce_gradients, check_ddp_broadcast,
         check_ddp_gradients, check_ddp_buckets, check_ddp_no_sync, check_zero_bytes_per_param,
@@ -293,7 +290,7 @@ def build() -> NotebookBuilder:
     groups with their own learning rates and weight decay, an lr schedule, and
     float32 to the last bit (rtol 1e-7).
     """)
-    solution_cell(nb, "zero_sharded_optimizer", sharded, "ZeroShardedOptimizer")
+    solution_cell(nb, "zero_sharded_optimizer", zero, "ZeroShardedOptimizer")
     nb.test("test_zero_matches_optimizer", 10,
             doc="After several steps the parameters equal the torch optimizer run on the global batch.",
             visible="""

@@ -3,8 +3,8 @@
     .venv/bin/python assignments/02_tensor_parallel/_build_nb.py
     .venv/bin/nbgrader generate_assignment 02_tensor_parallel --force
 
-Answer cells are cut from solutions/tensor_parallel.py, tensor_parallel_layers.py
-and tensor_parallel_loss.py (one source of truth); test cells call the public
+Answer cells are cut from solutions/tensor_parallel/ (mappings.py, layers.py
+and loss.py: one source of truth); test cells call the public
 checks in autograder/checks/tensor_parallel.py, with hidden cases.
 """
 
@@ -14,10 +14,10 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from autograder.nbbuild import NotebookBuilder, source_of  # noqa: E402
-from solutions import tensor_parallel as tp  # noqa: E402
-from solutions import tensor_parallel_layers as layers  # noqa: E402
-from solutions import tensor_parallel_loss as loss  # noqa: E402
+from autograder.authoring.nbbuild import NotebookBuilder, source_of  # noqa: E402
+from solutions.tensor_parallel import mappings as tp  # noqa: E402
+from solutions.tensor_parallel import layers  # noqa: E402
+from solutions.tensor_parallel import loss  # noqa: E402
 
 ASSIGNMENT = "02_tensor_parallel"
 LESSON = "../../assignments/02_tensor_parallel"
@@ -99,9 +99,7 @@ def build() -> NotebookBuilder:
     import torch.nn as nn
     import torch.nn.functional as F
 
-    from autograder.dist import run_distributed
-    from autograder.report import checking
-    from autograder.ledger import CommLedger, format_trace
+    from autograder.runtime import run_distributed, checking, CommLedger, format_trace
     from autograder.checks.tensor_parallel import (
         check_mapping, check_column_parallel_linear, check_row_parallel_linear, check_argument_errors,
         check_tp_pair_communication, check_parallel_mlp, check_sequence_parallel_grads,

@@ -3,8 +3,8 @@
     .venv/bin/python assignments/03_pipeline_parallel/_build_nb.py
     .venv/bin/nbgrader generate_assignment 03_pipeline_parallel --force
 
-Answer cells are cut from solutions/pipeline_parallel.py, pipeline_parallel_schedules.py
-and pipeline_parallel_runtime.py (one source of truth); test cells call the public
+Answer cells are cut from solutions/pipeline_parallel/ (p2p.py, schedules.py
+and executor.py: one source of truth); test cells call the public
 checks in autograder/checks/pipeline_parallel.py, with hidden cases.
 """
 
@@ -14,10 +14,10 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from autograder.nbbuild import NotebookBuilder, source_of  # noqa: E402
-from solutions import pipeline_parallel as pp  # noqa: E402
-from solutions import pipeline_parallel_runtime as runtime  # noqa: E402
-from solutions import pipeline_parallel_schedules as sched  # noqa: E402
+from autograder.authoring.nbbuild import NotebookBuilder, source_of  # noqa: E402
+from solutions.pipeline_parallel import p2p as pp  # noqa: E402
+from solutions.pipeline_parallel import executor  # noqa: E402
+from solutions.pipeline_parallel import schedules as sched  # noqa: E402
 
 ASSIGNMENT = "03_pipeline_parallel"
 LESSON = "../../assignments/03_pipeline_parallel"
@@ -78,9 +78,7 @@ def build() -> NotebookBuilder:
     import torch.nn as nn
     import torch.nn.functional as F
 
-    from autograder.dist import run_distributed
-    from autograder.report import checking
-    from autograder.ledger import CommLedger, format_trace
+    from autograder.runtime import run_distributed, checking, CommLedger, format_trace
     from autograder.checks.pipeline_parallel import (
         TaggedStage, show_schedules, check_p2p_helpers, check_gpipe_schedule, check_one_f_one_b_schedule,
         check_bubble_fraction, check_run_pipeline, check_pipeline_memory, check_run_pipeline_errors,
@@ -100,7 +98,7 @@ def build() -> NotebookBuilder:
     nb.given("helpers", "\n\n\n".join([
         source_of(pp, "_group_size_rank", "_check_recv_args"),
         source_of(sched, "_check_schedule_args", "_check_positive_ints"),
-        source_of(runtime, "_check_pipeline_args"),
+        source_of(executor, "_check_pipeline_args"),
     ]))
     nb.markdown("""
     ## Worked example: what every schedule must compute
@@ -307,7 +305,7 @@ def build() -> NotebookBuilder:
     [02_p2p_without_deadlock.md](../../assignments/03_pipeline_parallel/02_p2p_without_deadlock.md),
     [03_memory.md](../../assignments/03_pipeline_parallel/03_memory.md).
     """)
-    nb.solution_from("run_pipeline", runtime, "_forward_step", "_backward_step", "run_pipeline")
+    nb.solution_from("run_pipeline", executor, "_forward_step", "_backward_step", "run_pipeline")
     nb.test("test_run_pipeline_gpipe", 12,
             doc="GPipe through run_pipeline: loss and every gradient equal single-process; executed order and P2P as scheduled.",
             visible="""

@@ -3,8 +3,8 @@
     .venv/bin/python assignments/04_context_parallel/_build_nb.py
     .venv/bin/nbgrader generate_assignment 04_context_parallel --force
 
-Answer cells are cut from solutions/context_parallel.py, context_parallel_zigzag.py
-and context_parallel_ulysses.py (one source of truth); test cells call the
+Answer cells are cut from solutions/context_parallel/ (ring.py, zigzag.py
+and ulysses.py: one source of truth); test cells call the
 public checks in autograder/checks/context_parallel.py, with hidden cases.
 """
 
@@ -14,10 +14,10 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from autograder.nbbuild import NotebookBuilder, source_of  # noqa: E402
-from solutions import context_parallel as cp  # noqa: E402
-from solutions import context_parallel_ulysses as uly  # noqa: E402
-from solutions import context_parallel_zigzag as zz  # noqa: E402
+from autograder.authoring.nbbuild import NotebookBuilder, source_of  # noqa: E402
+from solutions.context_parallel import ring as cp  # noqa: E402
+from solutions.context_parallel import ulysses as uly  # noqa: E402
+from solutions.context_parallel import zigzag as zz  # noqa: E402
 
 ASSIGNMENT = "04_context_parallel"
 LESSON = "../../assignments/04_context_parallel"
@@ -77,9 +77,7 @@ def build() -> NotebookBuilder:
     import torch
     import torch.distributed as dist
 
-    from autograder.dist import run_distributed
-    from autograder.report import checking
-    from autograder.ledger import CommLedger, format_trace
+    from autograder.runtime import run_distributed, checking, CommLedger, format_trace
     from autograder.checks.context_parallel import (
         reference_attention, check_attention_with_lse, check_merge_attention, check_merge_large_logits,
         check_merge_fully_masked, check_ring_all_gather, check_ring_attention, check_ring_overlap,
@@ -483,8 +481,8 @@ def build() -> NotebookBuilder:
     ## Time, not only bytes (no exercise)
 
     The lesson's formulas ([README.md]({LESSON}/README.md), section 4),
-    computed by `autograder.volume` with the stated figures of
-    `autograder.hardware` (an 8x H100 node, NVLink inside, InfiniBand
+    computed by `autograder.lessons.volume` with the stated figures of
+    `autograder.lessons.hardware` (an 8x H100 node, NVLink inside, InfiniBand
     across): per layer of a Llama-3-8B-like model, what each scheme sends per
     rank, and whether the ring's per-step transfer hides under the block's
     compute. Change the numbers and run it again.
@@ -492,8 +490,8 @@ def build() -> NotebookBuilder:
     nb.code("""
     from IPython.display import Markdown
 
-    from autograder.hardware import H100_NODE
-    from autograder.volume import cp_comparison_table
+    from autograder.lessons.hardware import H100_NODE
+    from autograder.lessons.volume import cp_comparison_table
 
     Markdown(cp_comparison_table(seq=131072, batch=1, hidden=4096, kv_hidden=1024, cp=8, node=H100_NODE))
     """)

@@ -3,8 +3,8 @@
     .venv/bin/python assignments/05_expert_parallel/_build_nb.py
     .venv/bin/nbgrader generate_assignment 05_expert_parallel --force
 
-Answer cells are cut from solutions/expert_parallel.py and
-solutions/expert_parallel_layers.py (one source of truth); test cells call the
+Answer cells are cut from solutions/expert_parallel/ (routing.py and
+layers.py: one source of truth); test cells call the
 public checks in autograder/checks/expert_parallel.py, with hidden cases.
 """
 
@@ -14,9 +14,9 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from autograder.nbbuild import NotebookBuilder, source_of  # noqa: E402
-from solutions import expert_parallel as ep  # noqa: E402
-from solutions import expert_parallel_layers as layers  # noqa: E402
+from autograder.authoring.nbbuild import NotebookBuilder, source_of  # noqa: E402
+from solutions.expert_parallel import routing as ep  # noqa: E402
+from solutions.expert_parallel import layers  # noqa: E402
 
 ASSIGNMENT = "05_expert_parallel"
 LESSON = "../../assignments/05_expert_parallel"
@@ -81,9 +81,7 @@ def build() -> NotebookBuilder:
     import torch.nn as nn
     import torch.nn.functional as F
 
-    from autograder.dist import run_distributed
-    from autograder.report import checking
-    from autograder.ledger import CommLedger, format_trace
+    from autograder.runtime import run_distributed, checking, CommLedger, format_trace
     from autograder.checks.expert_parallel import (
         AllToAllGuard, check_topk_router, check_load_balancing_loss, check_permute, check_unpermute,
         check_exchange_token_counts, check_all_to_all, check_argument_errors, check_dispatch, check_combine,
@@ -347,7 +345,7 @@ def build() -> NotebookBuilder:
     tokens each source rank sent to each expert, read from what every rank's
     `expert_input` actually holds (each row carries its source rank). Right:
     the bytes each rank sent to and received from *other* ranks, in dispatch
-    and in combine, from the ledgers (`autograder.volume.all_to_all_traffic`).
+    and in combine, from the ledgers (`autograder.lessons.volume.all_to_all_traffic`).
     Combine mirrors dispatch: what a rank received in dispatch it sends in
     combine. A hot expert makes its rank receive (and compute) the most: the
     reason for the load-balancing loss. Run it once exercise 4 passes.

@@ -3,8 +3,8 @@
     .venv/bin/python assignments/06_composition/_build_nb.py
     .venv/bin/nbgrader generate_assignment 06_composition --force
 
-Answer cells are cut from solutions/composition.py, composition_train.py and
-composition_planner.py (one source of truth); test cells call the public checks
+Answer cells are cut from solutions/composition/ (layout.py, train.py and
+planner.py: one source of truth); test cells call the public checks
 in autograder/checks/composition.py, with hidden cases. The hidden rank-layout
 cases compare with an independent construction of Megatron-LM's groups (a
 reshape and permute of the rank grid, `_INDEPENDENT_LAYOUT` below), checked in
@@ -17,11 +17,11 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from autograder import tinygpt  # noqa: E402
-from autograder.nbbuild import NotebookBuilder, source_of  # noqa: E402
-from solutions import composition as layout_mod  # noqa: E402
-from solutions import composition_planner as planner_mod  # noqa: E402
-from solutions import composition_train as train_mod  # noqa: E402
+from autograder.lessons import tinygpt  # noqa: E402
+from autograder.authoring.nbbuild import NotebookBuilder, source_of  # noqa: E402
+from solutions.composition import layout as layout_mod  # noqa: E402
+from solutions.composition import planner as planner_mod  # noqa: E402
+from solutions.composition import train as train_mod  # noqa: E402
 
 ASSIGNMENT = "06_composition"
 LESSON = "../../assignments/06_composition"
@@ -122,13 +122,13 @@ def build() -> NotebookBuilder:
         ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel, loss_parallel, parallelize_module,
     )
 
-    from autograder.dist import run_distributed
-    from autograder.report import checking
-    from autograder.ledger import CommLedger, format_trace
-    from autograder.hardware import H100_NODE, ring_collective_seconds, transfer_seconds
-    from autograder.tinygpt import ModelArgs, TinyGPT, master_state
-    from autograder.volume import pp_boundary_bytes, ring_attention_bytes_per_layer, tp_layer_bytes, zero_step_bytes
-    from autograder.planner import (
+    from autograder.runtime import run_distributed, checking, CommLedger, format_trace
+    from autograder.lessons.hardware import H100_NODE, ring_collective_seconds, transfer_seconds
+    from autograder.lessons.tinygpt import ModelArgs, TinyGPT, master_state
+    from autograder.lessons.volume import (
+        pp_boundary_bytes, ring_attention_bytes_per_layer, tp_layer_bytes, zero_step_bytes,
+    )
+    from autograder.lessons.planner import (
         GB, GPT3_175B, LLAMA3_405B, LLAMA3_70B, LLAMA3_8B, Cluster, Layout, ModelConfig, Plan, Training,
         crosses_nodes, layers_on_stage, plot_plans,
     )
@@ -142,7 +142,7 @@ def build() -> NotebookBuilder:
 
     # -- the model -----------------------------------------------------------------
     nb.markdown("""
-    ## The model: `TinyGPT` (given, in `autograder/tinygpt.py`)
+    ## The model: `TinyGPT` (given, in `autograder/lessons/tinygpt.py`)
 
     A Llama-shaped decoder small enough for 8 CPU ranks: embedding, two blocks
     (RMSNorm, causal attention with separate `wq`, `wk`, `wv`, `wo`, RMSNorm,
@@ -558,17 +558,17 @@ def build() -> NotebookBuilder:
 
     Exercises 10-12 estimate, with stated assumptions, what a layout costs on
     a real cluster: bytes per GPU and seconds per step. The vocabulary is given
-    in `autograder/planner.py`: `ModelConfig` (a model's shape, with
+    in `autograder/lessons/planner.py`: `ModelConfig` (a model's shape, with
     `layer_params()`, `embedding_params()`, `flops_per_token(seq_len)`,
     `attention_flops_per_token(seq_len)`, `activation_bytes_per_token(tp=...,
     bytes_per_element=...)`), `Training` (sequence length, global batch, bytes
     per parameter, gradient, optimizer state and activation, MFU, overlap),
     `Layout` (`tp`, `cp`, `pp`, `dp`, ZeRO stage, recompute, micro-batch;
     `layout.microbatches(training)`), `Cluster` (GPUs and the node's figures
-    from `autograder/hardware.py`: `H100_NODE`), `Plan`, `layers_on_stage`,
+    from `autograder/lessons/hardware.py`: `H100_NODE`), `Plan`, `layers_on_stage`,
     `crosses_nodes`, and the published shapes `LLAMA3_8B`, `LLAMA3_70B`,
     `LLAMA3_405B`, `GPT3_175B`. The communication volumes are
-    `autograder/volume.py`'s (`tp_layer_bytes`, `ring_attention_bytes_per_layer`,
+    `autograder/lessons/volume.py`'s (`tp_layer_bytes`, `ring_attention_bytes_per_layer`,
     `pp_boundary_bytes` from assignment 03, `zero_step_bytes`), the times `hardware.py`'s
     (`ring_collective_seconds`, `transfer_seconds`). Every formula, its source
     and a worked example: [05_planner.md](../../assignments/06_composition/05_planner.md).

@@ -1,9 +1,13 @@
-"""Public checks, one module per assignment: the readable spec of what is graded.
+"""Public checks, one module per assignment: the readable spec of what is graded (in the student package).
 
 A notebook's test cells call these with the student's implementations; the
 hidden tests call the same functions with other world sizes, shapes, seeds and
-dtypes. Each check runs rank programs with autograder.dist.run_distributed and
+dtypes. Each check runs rank programs with autograder.runtime.dist.run_distributed and
 computes its verdict in the calling process from what the ranks returned.
+
+Built on the runtime (runner, ledger, comparisons) and the lessons' formulas
+and figures (autograder.lessons); used by the notebooks, the trusted grader
+(which executes the notebooks' test cells), the site's figures and the tests.
 """
 
 import functools
@@ -51,8 +55,8 @@ def expect_value_errors(results: list, cases: list[tuple[str, list]], world_size
     and its message must name the sizes involved. `communication`: what it
     must come before, in the message ("any send or receive" for P2P code).
     """
-    from autograder.compare import CheckFailure
-    from autograder.ledger import format_trace
+    from autograder.runtime.compare import CheckFailure
+    from autograder.runtime.ledger import format_trace
 
     for i, (label, must_mention) in enumerate(cases):
         for rank in range(world_size):

@@ -33,10 +33,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import loss_parallel
 
-from autograder.compare import CheckFailure, Findings, assert_close, fmt_shape
-from autograder.dist import DistributedError, run_distributed
-from autograder.ledger import CommLedger, expect_no_comm, format_trace
-from autograder.tinygpt import ModelArgs, TinyGPT, master_state
+from autograder.runtime.compare import CheckFailure, Findings, assert_close, fmt_shape
+from autograder.runtime.dist import DistributedError, run_distributed
+from autograder.runtime.ledger import CommLedger, expect_no_comm, format_trace
+from autograder.lessons.tinygpt import ModelArgs, TinyGPT, master_state
 
 __all__ = [
     "TOL", "check_rank_layout", "check_rank_layout_errors", "check_process_groups", "check_device_mesh",
@@ -957,7 +957,7 @@ def plot_rank_layout(layout: dict, *, gpus_per_node: int = 8, names=("tp", "cp",
     """
     from matplotlib import colormaps
 
-    from autograder.plots import new_figure, picture
+    from autograder.lessons.plots import new_figure, picture
 
     names = [n for n in names if n in layout]
     world = 1 + max(r for groups in layout.values() for g in groups for r in g)
@@ -1047,12 +1047,12 @@ def check_plan(plan, model, cluster, layout, training, *, feasible: bool, reason
                memory_gb: tuple | None = None) -> None:
     """`plan(...)` judges a layout as given: feasible or not, a reason containing `reason`, the worst GPU's
     memory within `memory_gb` = (low, high)."""
-    from autograder.planner import Plan
+    from autograder.lessons.planner import Plan
 
     what = f"plan({_describe_case(model, layout, training, cluster)})"
     p = _one_rank(_call_program, plan, (model, cluster, layout, training), {})
     if not isinstance(p, Plan):
-        raise CheckFailure(f"{what}: returned {type(p).__name__}, expected an autograder.planner.Plan")
+        raise CheckFailure(f"{what}: returned {type(p).__name__}, expected an autograder.lessons.planner.Plan")
     if memory_gb is not None:
         gb = p.memory["total"] / 1e9
         if not memory_gb[0] <= gb <= memory_gb[1]:
@@ -1071,7 +1071,7 @@ def check_plan(plan, model, cluster, layout, training, *, feasible: bool, reason
 
 def _search_program(rank, world_size, best_layouts, plan, model, cluster, training, top, zero_stages, recompute,
                     must_include):
-    from autograder.planner import Layout
+    from autograder.lessons.planner import Layout
 
     got = best_layouts(model, cluster, training, zero_stages=zero_stages, recompute=recompute, top=top)
     n = cluster.num_gpus
@@ -1096,7 +1096,7 @@ def check_best_layouts(best_layouts, plan, model, cluster, training, *, top: int
     to the node's GPUs, cp a power of two up to 32, pp a divisor of what is left up to the layers) is planned,
     and the returned list must be exactly the fastest feasible ones, fastest first. Layouts in
     `must_include` must be feasible."""
-    from autograder.planner import Plan
+    from autograder.lessons.planner import Plan
 
     what = f"best_layouts({model.name}, {cluster.num_gpus} GPUs, top={top})"
     got, candidates, published = _one_rank(_search_program, best_layouts, plan, model, cluster, training, top,

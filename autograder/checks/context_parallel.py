@@ -29,9 +29,9 @@ import torch.distributed as dist
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from autograder.checks import expect_value_errors
-from autograder.compare import CheckFailure, Findings, assert_close, dtype_name, fmt_shape, tolerance
-from autograder.dist import DistributedError, rank_device, run_distributed
-from autograder.ledger import CommLedger, check_consistent, expect_no_comm, format_trace
+from autograder.runtime.compare import CheckFailure, Findings, assert_close, dtype_name, fmt_shape, tolerance
+from autograder.runtime.dist import DistributedError, rank_device, run_distributed
+from autograder.runtime.ledger import CommLedger, check_consistent, expect_no_comm, format_trace
 
 __all__ = [
     "reference_attention", "reference_attention_grads", "contiguous_shard", "zigzag_shard",
@@ -162,7 +162,7 @@ def _on_a_rank(job, *args, timeout: float = _TIMEOUT):
     """`job(*args)` (which calls the student's function) in one rank process; its data back, or its verdict.
 
     Single-device exercises run this way too, never in the grading process: a
-    grader that keeps student code out of its own process (autograder.trusted)
+    grader that keeps student code out of its own process (autograder.grading.trusted)
     runs them like every other rank program, and autograd and exceptions stay
     next to the student's code, where they happen.
     """
@@ -917,7 +917,7 @@ def plot_ring_steps(ring_attention, zigzag_ring_attention, *, world_size: int = 
     half), or none (skipped). Pass `measured` (from `measure_ring_layouts`)
     to reuse a run. Returns a picture (displayed by the notebook).
     """
-    from autograder.plots import new_figure, picture
+    from autograder.lessons.plots import new_figure, picture
 
     m = measured or measure_ring_layouts(ring_attention, zigzag_ring_attention, world_size=world_size, **kwargs)
     w = m["world_size"]
@@ -960,7 +960,7 @@ def _rect(x, y, color):
 def plot_ring_flops(ring_attention, zigzag_ring_attention, *, world_size: int = 4, measured: dict | None = None,
                     **kwargs):
     """FLOPs per rank (FlopCounterMode), forward and backward, contiguous vs zigzag, from your run."""
-    from autograder.plots import new_figure, picture
+    from autograder.lessons.plots import new_figure, picture
 
     m = measured or measure_ring_layouts(ring_attention, zigzag_ring_attention, world_size=world_size, **kwargs)
     w = m["world_size"]

@@ -22,10 +22,10 @@ import torch.distributed as dist
 from torch import nn
 
 from autograder.checks import one_thread
-from autograder.compare import CheckFailure, Findings, assert_close, dtype_name, fmt_shape
-from autograder.dist import rank_device, run_distributed
-from autograder.plots import new_figure, picture
-from autograder.ledger import CommLedger, check_consistent, counts, expect_comm, expect_no_comm, format_trace, select
+from autograder.runtime.compare import CheckFailure, Findings, assert_close, dtype_name, fmt_shape
+from autograder.runtime.dist import rank_device, run_distributed
+from autograder.lessons.plots import new_figure, picture
+from autograder.runtime.ledger import CommLedger, check_consistent, counts, expect_comm, expect_no_comm, format_trace, select
 
 __all__ = ["ToyNet", "check_broadcast_module_states", "check_all_reduce_gradients", "check_ddp_broadcast",
            "check_ddp_gradients", "check_ddp_buckets", "check_ddp_no_sync", "check_zero_bytes_per_param",

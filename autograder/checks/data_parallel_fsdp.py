@@ -35,9 +35,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from autograder.checks import one_thread
 from autograder.checks.data_parallel import PADDING_BOUND_PER_RANK
-from autograder.compare import CheckFailure, Findings, assert_close, dtype_name
-from autograder.dist import rank_device, run_distributed
-from autograder.ledger import CommLedger, check_consistent, expect_no_comm, format_trace, select
+from autograder.runtime.compare import CheckFailure, Findings, assert_close, dtype_name
+from autograder.runtime.dist import rank_device, run_distributed
+from autograder.runtime.ledger import CommLedger, check_consistent, expect_no_comm, format_trace, select
 
 __all__ = ["MixedPrecisionPolicy", "RMSNorm", "Block", "TinyTransformer", "LinearStack", "PADDING_BOUND_PER_RANK",
            "MP_TOLERANCE", "fsdp_units", "check_fsdp_numerics", "check_fsdp_comm", "check_fsdp_memory",

@@ -31,10 +31,10 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from autograder.checks import expect_value_errors, inputs_only
-from autograder.compare import CheckFailure, Findings, assert_close, dtype_name, fmt_shape
-from autograder.dist import rank_device, run_distributed
-from autograder.ledger import CommLedger, check_consistent, expect_no_comm, format_trace
-from autograder.volume import all_to_all_traffic
+from autograder.runtime.compare import CheckFailure, Findings, assert_close, dtype_name, fmt_shape
+from autograder.runtime.dist import rank_device, run_distributed
+from autograder.runtime.ledger import CommLedger, check_consistent, expect_no_comm, format_trace
+from autograder.lessons.volume import all_to_all_traffic
 
 __all__ = [
     "AllToAllGuard", "check_topk_router", "check_load_balancing_loss", "check_permute", "check_unpermute",
@@ -190,7 +190,7 @@ class AllToAllGuard(TorchDispatchMode):
         reported at once; a peer blocked in another collective is left to the
         runner's deadlock detection, which shows where every rank waits.
         """
-        from autograder.agreement import DONE_KEY
+        from autograder.runtime.agreement import DONE_KEY
 
         deadline = None if self.wait_s is None else time.monotonic() + self.wait_s
         pauses = (0.0001,) * 20 + (0.001,) * 10
@@ -1432,9 +1432,9 @@ def plot_dispatch(AllToAllTokenDispatcher, *, world_size: int = 4, num_experts: 
     every rank's `expert_input` actually holds (each row is tagged with its
     source rank). Expert 0 is hot, the last expert gets nothing. Right: bytes
     each rank sent to and received from OTHER ranks in dispatch and in combine,
-    from the ledgers (autograder.volume.all_to_all_traffic). Returns a Picture.
+    from the ledgers (autograder.lessons.volume.all_to_all_traffic). Returns a Picture.
     """
-    from autograder.plots import matplotlib_missing, new_figure, picture
+    from autograder.lessons.plots import matplotlib_missing, new_figure, picture
 
     missing = matplotlib_missing()
     if missing:

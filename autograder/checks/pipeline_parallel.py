@@ -47,10 +47,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from autograder.checks import expect_value_errors, inputs_only
-from autograder.compare import CheckFailure, Findings, assert_close, dtype_name, fmt_shape
-from autograder.dist import DistributedError, rank_device, run_distributed
-from autograder.ledger import CommLedger, format_trace
-from autograder.volume import pp_bubble_fraction
+from autograder.runtime.compare import CheckFailure, Findings, assert_close, dtype_name, fmt_shape
+from autograder.runtime.dist import DistributedError, rank_device, run_distributed
+from autograder.runtime.ledger import CommLedger, format_trace
+from autograder.lessons.volume import pp_bubble_fraction
 
 from .pipeline_schedules import (  # noqa: F401 - part of this module's public API (the notebook imports it here)
     _action_text, _check_complete, _check_feasible, _normalize, _schedule_lists, check_bubble_fraction,
@@ -898,7 +898,7 @@ def plot_pipeline_timelines(run_pipeline, runs, *, bubble_fraction=None, forward
     """
     from matplotlib.patches import Patch
 
-    from autograder.plots import new_figure, picture
+    from autograder.lessons.plots import new_figure, picture
 
     fig, axes = new_figure(figsize=(12, 2.3 * len(runs)), nrows=len(runs))
     axes = [axes] if len(runs) == 1 else list(axes)

@@ -14,8 +14,8 @@ autograder/checks/pipeline_parallel.py.
 
 from __future__ import annotations
 
-from autograder.compare import CheckFailure
-from autograder.volume import pp_bubble_fraction
+from autograder.runtime.compare import CheckFailure
+from autograder.lessons.volume import pp_bubble_fraction
 
 __all__ = ["simulate_schedules", "show_schedules", "format_actions", "in_flight_peak", "check_gpipe_schedule",
            "check_one_f_one_b_schedule", "check_interleaved_schedule", "check_bubble_fraction"]

@@ -25,11 +25,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from autograder.checks import expect_value_errors, inputs_only, one_thread
-from autograder.compare import CheckFailure, Findings, assert_close, dtype_name, fmt_shape
-from autograder.dist import rank_device, run_distributed
-from autograder.plots import new_figure, picture
-from autograder.ledger import CommLedger, check_consistent, expect_no_comm, format_trace
-from autograder.volume import ring_factor
+from autograder.runtime.compare import CheckFailure, Findings, assert_close, dtype_name, fmt_shape
+from autograder.runtime.dist import rank_device, run_distributed
+from autograder.lessons.plots import new_figure, picture
+from autograder.runtime.ledger import CommLedger, check_consistent, expect_no_comm, format_trace
+from autograder.lessons.volume import ring_factor
 
 __all__ = [
     "MAPPINGS", "check_mapping", "check_column_parallel_linear", "check_row_parallel_linear",
@@ -1002,7 +1002,7 @@ _COLORS = {"all_reduce": "#4C72B0", "all_gather": "#55A868", "reduce_scatter": "
 
 
 def _ring_bytes(record, world_size: int) -> float:
-    """Bytes one rank sends for this op in a ring (autograder/volume.py, the lesson's section 3)."""
+    """Bytes one rank sends for this op in a ring (autograder/lessons/volume.py, the lesson's section 3)."""
     return ring_factor(record.op, world_size) * record.bytes
 
 

@@ -1,0 +1,154 @@
+"""The student package: one folder, one archive, everything a student needs and nothing else.
+
+    python -m autograder.grade student-package          # -> dist/llm-parallelism-course.tar.gz  (make student-package)
+
+The archive unpacks into `llm-parallelism-course/`:
+
+    README.md            the README's "For students" section: the commands, exactly
+    release/NN_<dim>/    the notebooks (stubs, visible tests)
+    assignments/         the lessons (README.md and deep dives per dimension, the course overview)
+    wheels/              the `autograder` package's student layers: runtime (runner, ledger, comparisons,
+                         report), lessons (volumes, figures, the tiny GPT, the planner's types), checks
+
+so that `jupyter lab` started in that folder shows the notebooks and the
+lessons side by side, and every lesson link of a notebook
+(`../../assignments/NN_<dim>/README.md`) opens. No solution and no hidden test
+is in it, nor the instructor's layers (autograder.grading, autograder.authoring):
+tests/test_release.py checks the archive, tests/test_layers.py that the student
+layers import nothing else. The Gradescope zip holds the whole package (it grades).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+
+__all__ = ["PACKAGE_DIR", "STUDENT_LAYERS", "student_section", "student_commands", "build_wheel",
+           "build_student_package", "build_gradescope_package"]
+
+PACKAGE_DIR = "llm-parallelism-course"
+# The subpackages of autograder a student's notebook needs (what it imports, and what that imports).
+STUDENT_LAYERS = ("runtime", "lessons", "checks")
+
+
+def student_section(readme_text: str) -> str:
+    """The `## For students` section of the course README (up to the next `## ` heading)."""
+    m = re.search(r"^## For students\n(.*?)(?=^## )", readme_text, re.S | re.M)
+    if not m:
+        raise ValueError("README.md has no '## For students' section")
+    return m.group(1).strip() + "\n"
+
+
+def student_commands(readme_text: str) -> list[str]:
+    """The shell commands of the first ```bash block of the student section (comments dropped)."""
+    m = re.search(r"```bash\n(.*?)```", student_section(readme_text), re.S)
+    if not m:
+        raise ValueError("the README's student section has no ```bash block")
+    lines = []
+    for line in m.group(1).splitlines():
+        line = line.split(" #", 1)[0].rstrip() if not line.lstrip().startswith("#") else ""
+        if line:
+            lines.append(line)
+    return lines
+
+
+def build_wheel(root: str, out: str, *, student: bool) -> str:
+    """The course's wheel, written to `out`: the student's (autograder/__init__.py and STUDENT_LAYERS only) or,
+    with student=False, the whole package (a Gradescope autograder grades with it). Returns its path."""
+    if not student:
+        return _pip_wheel(root, out)
+    with tempfile.TemporaryDirectory() as stage:
+        shutil.copy2(os.path.join(root, "pyproject.toml"), stage)
+        os.makedirs(os.path.join(stage, "autograder"))
+        shutil.copy2(os.path.join(root, "autograder", "__init__.py"), os.path.join(stage, "autograder"))
+        for layer in STUDENT_LAYERS:
+            shutil.copytree(os.path.join(root, "autograder", layer), os.path.join(stage, "autograder", layer),
+                            ignore=shutil.ignore_patterns("__pycache__"))
+        return _pip_wheel(stage, out)
+
+
+def _pip_wheel(project: str, out: str) -> str:
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "-w", out, project], check=True, cwd=project)
+    wheels = glob.glob(os.path.join(out, "*.whl"))
+    if len(wheels) != 1:
+        raise RuntimeError(f"expected one wheel in {out}, found {wheels}")
+    return wheels[0]
+
+
+def build_student_package(root: str, out_dir: str) -> str:
+    """Write `<out_dir>/llm-parallelism-course.tar.gz` (and the wheel beside it); return the archive's path."""
+    os.makedirs(out_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        top = os.path.join(tmp, PACKAGE_DIR)
+        os.makedirs(os.path.join(top, "wheels"))
+        wheel = build_wheel(root, os.path.join(top, "wheels"), student=True)
+        shutil.copy2(wheel, out_dir)
+        shutil.copytree(os.path.join(root, "release"), os.path.join(top, "release"),
+                        ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+        for md in sorted(glob.glob(os.path.join(root, "assignments", "*.md"))
+                         + glob.glob(os.path.join(root, "assignments", "*", "*.md"))):
+            rel = os.path.relpath(md, root)
+            os.makedirs(os.path.join(top, os.path.dirname(rel)), exist_ok=True)
+            shutil.copy2(md, os.path.join(top, rel))
+        with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
+            section = student_section(f.read())
+        with open(os.path.join(top, "README.md"), "w", encoding="utf-8") as f:
+            f.write("# Parallelism for Large-Scale LLM Training: student package\n\n" + section)
+        archive = os.path.join(out_dir, PACKAGE_DIR + ".tar.gz")
+        with tarfile.open(archive, "w:gz") as tar:
+            tar.add(top, arcname=PACKAGE_DIR)
+    return archive
+
+
+_SETUP_SH = """#!/usr/bin/env bash
+# Gradescope runs this once when it builds the autograder image (Ubuntu, as root).
+set -euo pipefail
+apt-get update -qq
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv python3-pip bubblewrap >/dev/null
+python3 -m venv /autograder/venv
+# PyTorch's CPU build of the course's release (the default is a multi-GB CUDA build)
+/autograder/venv/bin/pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+/autograder/venv/bin/pip install -q /autograder/source/wheels/*.whl
+"""
+
+_RUN_AUTOGRADER = """#!/usr/bin/env bash
+# Gradescope runs this for every submission: the student's notebook is in /autograder/submission.
+cd /autograder/source
+exec /autograder/venv/bin/python -m autograder.grading.gradescope {assignment} --course /autograder/source \\
+    --submission /autograder/submission --results /autograder/results/results.json
+"""
+
+
+def build_gradescope_package(root: str, assignment: str, out_dir: str) -> str:
+    """dist/gradescope-<assignment>.zip: what Gradescope's "Zip file upload" of an autograder takes.
+
+    setup.sh and run_autograder at the top; the source and release notebooks of
+    the assignment (the hidden tests: instructor-only, never given to
+    students) and the course's whole wheel (the grading layer included). No
+    solutions, no course tests.
+    """
+    import zipfile
+
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"gradescope-{assignment}.zip")
+    with tempfile.TemporaryDirectory() as tmp:
+        wheel = build_wheel(root, os.path.join(tmp, "wheels"), student=False)
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+            for name, text in (("setup.sh", _SETUP_SH), ("run_autograder", _RUN_AUTOGRADER.format(assignment=assignment))):
+                info = zipfile.ZipInfo(name)
+                info.external_attr = 0o755 << 16
+                z.writestr(info, text)
+            z.write(wheel, os.path.join("wheels", os.path.basename(wheel)))
+            for kind in ("source", "release"):
+                folder = os.path.join(root, kind, assignment)
+                for n in sorted(os.listdir(folder)):
+                    if n.endswith(".ipynb"):
+                        z.write(os.path.join(folder, n), os.path.join(kind, assignment, n))
+    return path

@@ -1,0 +1,741 @@
+"""Grading a class: every submission in its own sandbox, in parallel, incrementally, sharded if asked.
+
+    python -m autograder.grade autograde 02_tensor_parallel --jobs 2        # the course's command
+    python -m autograder.grade autograde 02_tensor_parallel --shard 1/3     # one slice, into its own file
+    python -m autograder.grade merge graded/02_tensor_parallel/shard-*.json # fold shard results in
+
+One submission:
+
+1. intake (autograder.grading.intake, in the main process, each student on their
+   own): the notebook file checked (a regular file, a notebook, this
+   assignment's) and normalised, or a named reason why it cannot be graded;
+2. in a worker process: the trusted run (autograder.grading.trusted), every check
+   run once: the student's cells run in a fresh interpreter in the sandbox
+   (autograder.grading.sandbox: no privileges, an empty root, memory, process and
+   time limits), and the worker runs the source notebook's test cells,
+   hidden ones included, reaching the student's code only through the
+   sandbox; its verdicts are the grade;
+3. the feedback: the submitted notebook with each graded cell showing its
+   trusted verdict, through nbgrader's `generate_feedback`; where the
+   outputs saved in the notebook (what the student last saw) disagree with
+   the trusted verdict on the visible checks, the cell is flagged;
+4. a result record (JSON): scores per cell, flags, warnings, timings.
+
+A worker that dies is replaced, and its submission graded once more; a
+second death is that submission's reason (the others are graded).
+
+The main process then writes the records into nbgrader's gradebook (sqlite,
+one writer: only the main process writes), after backing it up, holding the
+course's grading lock. A submission is graded again only when its notebook
+or the grader (source notebook, autograder package) changed, unless forced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import datetime
+import fcntl
+import glob
+import hashlib
+import json
+import multiprocessing
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+
+__all__ = ["grade_class", "merge_results", "course_lock", "read_results", "result_path", "ClassRunError",
+           "submissions", "shard_of", "backup_gradebook", "grader_fingerprint", "write_gradebook"]
+
+GRADED = "graded"
+BACKUPS = "backups"
+RESULT_VERSION = 1
+
+
+class ClassRunError(RuntimeError):
+    """The class run cannot start (another run holds the lock, nothing to grade, ...)."""
+
+
+# ---------------------------------------------------------------------------
+# Lock, backup, paths, fingerprints
+# ---------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def course_lock(root: str, name: str = "autograde"):
+    """One writer per course: a second command is told who holds the lock, and stops."""
+    path = os.path.join(root, f".{name}.lock")
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise ClassRunError(f"another grading command holds the course's lock ({holder}); wait for it to "
+                            f"finish (or stop it), then run this one again") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()}, started {datetime.datetime.now():%Y-%m-%d %H:%M:%S}")
+    f.flush()
+    try:
+        yield
+    finally:
+        f.seek(0)
+        f.truncate()
+        fcntl.flock(f, fcntl.LOCK_UN)
+        f.close()
+
+
+def backup_gradebook(root: str, keep: int = 10) -> str | None:
+    """Copy gradebook.db to backups/ (the `keep` newest are kept); the copy's path."""
+    db = os.path.join(root, "gradebook.db")
+    if not os.path.exists(db):
+        return None
+    folder = os.path.join(root, BACKUPS)
+    os.makedirs(folder, exist_ok=True)
+    dest = os.path.join(folder, f"gradebook-{datetime.datetime.now():%Y%m%d-%H%M%S-%f}.db")
+    import sqlite3
+
+    src, dst = sqlite3.connect(db, timeout=60), sqlite3.connect(dest)
+    try:
+        src.backup(dst)  # a consistent copy, even while another process reads it
+    finally:
+        src.close()
+        dst.close()
+    for old in sorted(glob.glob(os.path.join(folder, "gradebook-*.db")))[:-keep]:
+        os.remove(old)
+    return dest
+
+
+def _one_notebook(folder: str) -> str:
+    names = sorted(n for n in os.listdir(folder) if n.endswith(".ipynb"))
+    if len(names) != 1:
+        raise ClassRunError(f"expected one notebook in {folder}, found {names}")
+    return os.path.join(folder, names[0])
+
+
+def source_notebook(root: str, assignment: str) -> str:
+    return _one_notebook(os.path.join(root, "source", assignment))
+
+
+def release_notebook(root: str, assignment: str) -> str:
+    return _one_notebook(os.path.join(root, "release", assignment))
+
+
+def grader_fingerprint(root: str, assignment: str) -> str:
+    """Changes when anything that decides a grade changes: the source notebook, the autograder package."""
+    import autograder
+
+    h = hashlib.sha256()
+    for path in (source_notebook(root, assignment), os.path.join(root, "nbgrader_config.py")):
+        with open(path, "rb") as f:
+            h.update(f.read())
+    pkg = os.path.dirname(os.path.abspath(autograder.__file__))
+    for path in sorted(glob.glob(os.path.join(pkg, "**", "*.py"), recursive=True)):
+        h.update(os.path.relpath(path, pkg).encode())
+        with open(path, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()[:16]
+
+
+def result_path(root: str, assignment: str, student: str) -> str:
+    return os.path.join(root, GRADED, assignment, f"{student}.json")
+
+
+def read_results(root: str, assignment: str) -> dict[str, dict]:
+    out = {}
+    for path in sorted(glob.glob(os.path.join(root, GRADED, assignment, "*.json"))):
+        if os.path.basename(path).startswith("shard-"):
+            continue
+        with open(path, encoding="utf-8") as f:
+            rec = json.load(f)
+        out[rec["student"]] = rec
+    return out
+
+
+def submissions(root: str, assignment: str) -> list[str]:
+    """Students with a folder submitted/<student>/<assignment>/, sorted."""
+    base = os.path.join(root, "submitted")
+    if not os.path.isdir(base):
+        return []
+    return sorted(s for s in os.listdir(base)
+                  if not s.startswith(".") and os.path.isdir(os.path.join(base, s, assignment)))
+
+
+def shard_of(student: str, count: int) -> int:
+    """The shard (0-based) a student belongs to: stable as the class grows, the same on every machine."""
+    return int(hashlib.sha256(student.encode()).hexdigest(), 16) % count
+
+
+# ---------------------------------------------------------------------------
+# The scratch course the student's kernel sees: release test cells, stubs, no hidden tests
+# ---------------------------------------------------------------------------
+
+_SOLUTION = re.compile(r"^([ \t]*)### BEGIN SOLUTION[ \t]*\n.*?^[ \t]*### END SOLUTION[ \t]*$", re.M | re.S)
+_HIDDEN = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS[ \t]*\n.*?^[ \t]*### END HIDDEN TESTS[ \t]*\n?", re.M | re.S)
+
+
+def sanitised_source(source: dict) -> dict:
+    """The source notebook without what a student must not see: solutions become stubs, hidden tests go."""
+    nb = copy.deepcopy(source)
+    for cell in nb["cells"]:
+        text = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        text = _SOLUTION.sub(lambda m: f"{m.group(1)}### BEGIN SOLUTION\n{m.group(1)}raise NotImplementedError()\n"
+                                       f"{m.group(1)}### END SOLUTION", text)
+        cell["source"] = _HIDDEN.sub("", text)
+    return nb
+
+
+def _nbgrader_env(root: str) -> dict:
+    import autograder
+
+    bin_dir = os.path.dirname(sys.executable)
+    return {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", "PYTHONWARNINGS": "ignore",
+            "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(autograder.__file__))),
+            "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
+
+
+def prepare_template(root: str, assignment: str, dest: str) -> str:
+    """A scratch course (config, sanitised source, its own gradebook) to copy for each submission."""
+    os.makedirs(os.path.join(dest, "source", assignment), exist_ok=True)
+    shutil.copy2(os.path.join(root, "nbgrader_config.py"), dest)
+    src = source_notebook(root, assignment)
+    with open(src, encoding="utf-8") as f:
+        nb = sanitised_source(json.load(f))
+    with open(os.path.join(dest, "source", assignment, os.path.basename(src)), "w", encoding="utf-8") as f:
+        json.dump(nb, f, indent=1)
+    exe = os.path.join(os.path.dirname(sys.executable), "nbgrader")
+    proc = subprocess.run([exe if os.path.exists(exe) else "nbgrader", "generate_assignment", assignment, "--force",
+                           "--log-level=ERROR"], cwd=dest, env=_nbgrader_env(root), capture_output=True, text=True,
+                          timeout=600)
+    if proc.returncode != 0:
+        raise ClassRunError(f"could not prepare the scratch course for {assignment}:\n{proc.stdout[-2000:]}"
+                            f"{proc.stderr[-2000:]}")
+    return dest
+
+
+def _cached_template(root: str, assignment: str, fingerprint: str) -> str:
+    """The scratch course template for this grader version, made once (graded/.templates/)."""
+    folder = os.path.join(root, GRADED, ".templates")
+    path = os.path.join(folder, f"{assignment}-{fingerprint}")
+    if not os.path.exists(os.path.join(path, "gradebook.db")):
+        tmp = tempfile.mkdtemp(prefix=f".{assignment}-", dir=_ensure(folder))
+        prepare_template(root, assignment, tmp)
+        try:
+            os.rename(tmp, path)
+        except OSError:  # another run made it meanwhile
+            shutil.rmtree(tmp, ignore_errors=True)
+        for old in glob.glob(os.path.join(folder, f"{assignment}-*")):
+            if old != path:
+                shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+def _ensure(folder: str) -> str:
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+# ---------------------------------------------------------------------------
+# One submission (in a worker process)
+# ---------------------------------------------------------------------------
+
+def _meta(cell) -> dict:
+    return (cell.get("metadata") or {}).get("nbgrader") or {}
+
+
+def _outputs_failed(cell) -> bool:
+    return any(o.get("output_type") == "error" for o in cell.get("outputs", []))
+
+
+def _verdict_outputs(v) -> list:
+    if v.passed:
+        return [{"output_type": "stream", "name": "stdout", "text": (v.message or "passed") + "\n"}]
+    ename, _, evalue = v.message.partition(": ")
+    ename = ename.rsplit(".", 1)[-1] if ename and " " not in ename else "Error"
+    return [{"output_type": "error", "ename": ename, "evalue": evalue or v.message,
+             "traceback": [f"{ename}: {evalue or v.message}"]}]
+
+
+_PATHS = re.compile(r"/tmp/ipykernel_\d+/\d+\.py|/tmp/[A-Za-z0-9_.-]*autograder[A-Za-z0-9_.-]*(/[^\s\"'<>]*)?")
+
+
+def scrub_paths(text: str, *prefixes: str) -> str:
+    """The grading machine's paths out of what a student reads (feedback HTML, messages)."""
+    for p in sorted({p for p in prefixes if p}, key=len, reverse=True):
+        text = text.replace(p, "[grading machine]")
+    return _PATHS.sub("[grading machine]", text)
+
+
+def grade_one(job: dict) -> dict:
+    """Grade one submission (see the module docstring); never raises: errors become the record's reason."""
+    t_start = time.monotonic()
+    root, assignment, student = job["root"], job["assignment"], job["student"]
+    record = {"version": RESULT_VERSION, "assignment": assignment, "student": student, "hash": job["hash"],
+              "fingerprint": job["fingerprint"], "status": "graded", "reason": None,
+              "warnings": list(job.get("warnings", [])), "cells": [], "score": 0.0,
+              "max_score": job["max_score"], "timings": {}, "graded_at": datetime.datetime.now().isoformat(),
+              "submitted_at": job.get("submitted_at"), "feedback": None, "feedback_html": None}
+    work = os.path.join(job["workbase"], student)
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    try:
+        _grade_into(record, job, work)
+    except Exception as exc:  # noqa: BLE001 - a grader bug costs one submission, and says so
+        record["status"] = "error"
+        record["reason"] = f"the grader failed on this submission: {type(exc).__name__}: {exc}"
+        record["traceback"] = traceback.format_exc()[-4000:]
+    finally:
+        if not job.get("keep_work"):
+            shutil.rmtree(work, ignore_errors=True)
+    record["timings"]["total"] = round(time.monotonic() - t_start, 2)
+    return scrub_record(record, root, job["workbase"])
+
+
+def scrub_record(record: dict, *prefixes: str) -> dict:
+    """No path of the grading machine in what a student receives (messages, warnings, reasons, feedback)."""
+    import autograder
+
+    known = [*prefixes, sys.prefix, sys.base_prefix, os.path.dirname(os.path.abspath(autograder.__file__)),
+             os.path.expanduser("~"), tempfile.gettempdir() + os.sep]
+    known = [p for p in known if p and p not in ("/", os.sep)]
+
+    def clean(value):
+        if isinstance(value, str):
+            return scrub_paths(value, *known)
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        return value
+
+    for key in ("reason", "warnings", "cells", "cell_errors", "feedback_html"):
+        if key in record:
+            record[key] = clean(record[key])
+    return record
+
+
+def _grade_into(record: dict, job: dict, work: str) -> None:
+    from autograder.grading.sandbox import Sandbox
+    from autograder.grading.trusted import grade_notebook
+
+    root, assignment, student = job["root"], job["assignment"], job["student"]
+    nb_name = job["notebook_name"]
+    with open(job["notebook"], encoding="utf-8") as f:
+        notebook = json.load(f)
+    with open(source_notebook(root, assignment), encoding="utf-8") as f:
+        source = json.load(f)
+    memory_gib = job["memory_bytes"] / 2**30
+
+    # 1. The trusted run: the student's cells run once, in the sandbox; every test cell (visible and hidden)
+    # runs once, here, with the student's code reached only through the sandbox.
+    t0 = time.monotonic()
+    inputs = os.path.join(work, "inputs")  # the grader writes it; the sandbox reads it
+    os.makedirs(inputs)
+    with Sandbox(root, inputs, isolate=job["isolate"], memory_bytes=job["memory_bytes"],
+                 max_pids=job["max_pids"]) as box:
+        verdicts, cell_errors = grade_notebook(notebook, source, inputs=inputs, sandbox=box, budget=job["budget"],
+                                               memory_note=f"out of memory (limit {memory_gib:g} GiB)")
+        if box.out_of_memory:
+            record["warnings"].append(f"the submission ran out of memory (limit {memory_gib:g} GiB): the "
+                                      f"processes that exceeded it were killed")
+    record["timings"]["trusted_run"] = round(time.monotonic() - t0, 2)
+    record["cell_errors"] = cell_errors[:20]
+
+    # 2. The record and the feedback: the submitted notebook, each graded cell showing its trusted verdict
+    t0 = time.monotonic()
+    saw = job.get("saw") or {}
+    base = copy.deepcopy(notebook)
+    for cell in base["cells"]:
+        meta = _meta(cell)
+        gid = meta.get("grade_id")
+        if meta.get("grade") and not meta.get("solution") and gid in verdicts:
+            cell["outputs"] = _verdict_outputs(verdicts[gid])
+    for gid, v in verdicts.items():
+        seen = saw.get(gid)
+        flagged = seen is not None and v.visible_passed is not None and seen != v.visible_passed
+        record["cells"].append({"grade_id": gid, "points": v.points, "max_points": v.max_points,
+                                "passed": v.passed, "visible_passed": v.visible_passed, "saved_passed": seen,
+                                "flagged": flagged, "message": v.message[:4000]})
+    record["score"] = round(sum(c["points"] for c in record["cells"]), 4)
+    record["max_score"] = round(sum(c["max_points"] for c in record["cells"]), 4) or record["max_score"]
+    if any(c["flagged"] for c in record["cells"]):
+        record["warnings"].append("the outputs saved in the notebook and the trusted grader disagree on "
+                                  + ", ".join(c["grade_id"] for c in record["cells"] if c["flagged"])
+                                  + " (the trusted verdict is the grade)")
+    course = os.path.join(work, "course")
+    shutil.copytree(job["template"], course)
+    html = _feedback(course, assignment, student, nb_name, base, record)
+    if html is not None:
+        record["feedback_html"] = html
+    record["timings"]["feedback"] = round(time.monotonic() - t0, 2)
+
+
+def _nbgrader_api(course: str):
+    """nbgrader's API on a scratch course (in this worker process: nbgrader is imported once per worker)."""
+    import logging
+
+    from nbgrader.apps import NbGraderAPI
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = PyFileConfigLoader("nbgrader_config.py", path=course).load_config()
+    config.CourseDirectory.root = course
+    config.CourseDirectory.db_url = "sqlite:///" + os.path.join(course, "gradebook.db")
+    logging.getLogger("traitlets").setLevel(logging.ERROR)
+    return NbGraderAPI(config=config)
+
+
+def _feedback(course: str, assignment: str, student: str, nb_name: str, nb: dict, record: dict) -> str | None:
+    """nbgrader's feedback HTML of `nb`, with the trusted scores in the scratch gradebook."""
+    from nbgrader.api import Gradebook
+
+    out_dir = os.path.join(course, "autograded", student, assignment)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, nb_name), "w", encoding="utf-8") as f:
+        json.dump(nb, f)
+    notebook_id = os.path.splitext(nb_name)[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # SQLAlchemy's "not in session" notes from nbgrader's own queries
+        with Gradebook("sqlite:///" + os.path.join(course, "gradebook.db")) as gb:
+            gb.update_or_create_student(student)
+            gb.update_or_create_submission(assignment, student)
+            for c in record["cells"]:
+                grade = gb.find_grade(c["grade_id"], notebook_id, assignment, student)
+                grade.auto_score = c["points"]
+                grade.needs_manual_grade = False
+            gb.db.commit()
+    result = _nbgrader_api(course).generate_feedback(assignment, student, force=True)
+    path = os.path.join(course, "feedback", student, assignment, notebook_id + ".html")
+    if not result.get("success") or not os.path.exists(path):
+        record["warnings"].append("nbgrader could not write the feedback: "
+                                  + str(result.get("error") or result.get("log"))[-300:])
+        return None
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+# ---------------------------------------------------------------------------
+# The class
+# ---------------------------------------------------------------------------
+
+def _rejected(assignment: str, student: str, reason: str, intake_warnings, h: str, fp: str, max_score: float,
+              cells: list) -> dict:
+    return {"version": RESULT_VERSION, "assignment": assignment, "student": student, "hash": h, "fingerprint": fp,
+            "status": "rejected", "reason": reason, "warnings": list(intake_warnings),
+            "cells": [{"grade_id": g, "points": 0.0, "max_points": p, "passed": False, "visible_passed": None,
+                       "saved_passed": None, "flagged": False, "message": f"not graded: {reason}"}
+                      for g, p in cells],
+            "score": 0.0, "max_score": max_score, "timings": {}, "graded_at": datetime.datetime.now().isoformat(),
+            "feedback": None, "feedback_html": None}
+
+
+def _graded_cells(source: dict) -> list[tuple[str, float]]:
+    return [(_meta(c)["grade_id"], float(_meta(c).get("points", 0))) for c in source["cells"]
+            if _meta(c).get("grade") and not _meta(c).get("solution")]
+
+
+def grade_class(root: str, assignment: str, *, jobs: int | None = None, shard: tuple[int, int] | None = None,
+                force: bool = False, isolate: bool = True, memory_bytes: int = 4 * 2**30, max_pids: int = 512,
+                budget: float = 600.0, progress: bool = True, students: list[str] | None = None,
+                out: str | None = None, log=print) -> list[dict]:
+    """Grade submitted/*/<assignment>; write graded/<assignment>/<student>.json (or one shard file).
+
+    Returns the records of this run (including the unchanged ones it kept).
+    Writes nothing to the gradebook: `write_gradebook` does (or `merge` for shards).
+    """
+    from autograder.grading.intake import check_submission
+    from autograder.grading.sandbox import sandbox_status
+
+    if isolate:
+        ok, why = sandbox_status()
+        if not ok:
+            raise ClassRunError(f"no sandbox: {why}. Install bubblewrap, or grade without one with "
+                                f"--no-sandbox (student code then sees the course's files: see the README's "
+                                f"threat model)")
+    with open(source_notebook(root, assignment), encoding="utf-8") as f:
+        source = json.load(f)
+    rel_path = release_notebook(root, assignment)
+    with open(rel_path, encoding="utf-8") as f:
+        release = json.load(f)
+    nb_name = os.path.basename(rel_path)
+    cells = _graded_cells(source)
+    max_score = sum(p for _, p in cells)
+    others = {}
+    for a in os.listdir(os.path.join(root, "release")):
+        if a != assignment and os.path.isdir(os.path.join(root, "release", a)):
+            with contextlib.suppress(Exception), open(release_notebook(root, a), encoding="utf-8") as f:
+                others[a] = {(_meta(c) or {}).get("grade_id") for c in json.load(f)["cells"]} - {None}
+    fp = grader_fingerprint(root, assignment)
+    everyone = students if students is not None else submissions(root, assignment)
+    if shard is not None:
+        index, count = shard
+        everyone = [s for s in everyone if shard_of(s, count) == index - 1]
+    previous = read_results(root, assignment)
+    # scratch space for each submission's runs: AUTOGRADER_WORKDIR (a large, fast disk), else the temp folder
+    scratch = os.environ.get("AUTOGRADER_WORKDIR") or None
+    if scratch:
+        os.makedirs(scratch, exist_ok=True)
+    workbase = tempfile.mkdtemp(prefix=f"autograder-{assignment}-", dir=scratch)
+    records, todo = [], []
+    try:
+        for student in everyone:
+            try:
+                intake = check_submission(os.path.join(root, "submitted", student, assignment), release, nb_name,
+                                          others, student=student)
+            except Exception as exc:  # noqa: BLE001 - one student's file never stops the class
+                from autograder.grading.intake import Intake
+
+                intake = Intake(student=student, reason=f"the grader could not read this submission "
+                                                        f"({type(exc).__name__}: {str(exc)[:300]})")
+            if intake.notebook is None:
+                h = hashlib.sha256(intake.reason.encode()).hexdigest()[:16]
+                records.append(_rejected(assignment, student, intake.reason, intake.warnings, h, fp, max_score,
+                                         cells))
+                continue
+            text = json.dumps(intake.notebook, sort_keys=True)
+            h = hashlib.sha256(text.encode()).hexdigest()[:16]
+            old = previous.get(student)
+            if not force and old and old.get("hash") == h and old.get("fingerprint") == fp \
+                    and old.get("status") == "graded":
+                old = dict(old, unchanged=True)
+                records.append(old)
+                continue
+            path = os.path.join(workbase, f"{student}.ipynb")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+            todo.append({"root": root, "assignment": assignment, "student": student, "notebook": path,
+                         "notebook_name": nb_name, "hash": h, "fingerprint": fp, "warnings": intake.warnings,
+                         "max_score": max_score, "cells": cells, "workbase": workbase, "isolate": isolate,
+                         "memory_bytes": memory_bytes, "max_pids": max_pids, "budget": budget,
+                         "saw": intake.saw, "submitted_at": intake.submitted_at})
+        if todo:
+            template = _cached_template(root, assignment, fp)
+            for job in todo:
+                job["template"] = template
+            # each record is saved as soon as it is done (not in shard runs: their file is written at the end)
+            saved = set()
+
+            def on_done(rec):
+                _write_record(root, rec)
+                saved.add(rec["student"])
+            records += _run_jobs(todo, jobs or os.cpu_count() or 1, progress, log,
+                                 None if shard is not None else on_done)
+            records = [dict(r, _saved=True) if r["student"] in saved else r for r in records]
+        for rec in records:
+            if rec.get("status") in ("rejected", "error") and not rec.get("unchanged"):
+                log(f"  \u2717 {rec['student']}: {rec['reason']}")
+        _save(root, assignment, records, shard, out)
+    finally:
+        shutil.rmtree(workbase, ignore_errors=True)
+    return sorted(records, key=lambda r: r["student"])
+
+
+def _worker(conn) -> None:
+    """A grading worker: grade the jobs it is sent, one at a time, until told to stop (None)."""
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:
+            return
+        if job is None:
+            return
+        conn.send(grade_one(job))
+
+
+def _died(job: dict, why: str) -> dict:
+    rec = _rejected(job["assignment"], job["student"], why, job["warnings"], job["hash"], job["fingerprint"],
+                    job["max_score"], job.get("cells", []))
+    rec["status"] = "error"
+    return rec
+
+
+def _run_jobs(todo: list[dict], jobs: int, progress: bool, log, on_done=None) -> list[dict]:
+    """Grade the jobs in `jobs` worker processes (spawned: no state from this process), with a progress bar.
+
+    Each worker grades one submission at a time, so the one whose worker dies (killed for its memory,
+    a crash of the grader) is known: the worker is replaced and that submission graded once more; if it
+    dies again, the record says so and the others are graded all the same."""
+    from multiprocessing.connection import wait
+
+    results = []
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(todo), unit="notebook", desc=f"grading {todo[0]['assignment']}", dynamic_ncols=True,
+                   file=sys.stdout)
+    ctx = multiprocessing.get_context("spawn")
+    queue = list(todo)
+    attempts: dict[str, int] = {}
+    busy: dict = {}  # connection -> (process, job or None)
+
+    def start_worker():
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_worker, args=(child,), daemon=True)
+        proc.start()
+        child.close()
+        busy[parent] = (proc, None)
+
+    def finish(rec):
+        results.append(rec)
+        if on_done is not None:
+            on_done(rec)
+        if bar is not None:
+            if rec.get("status") != "graded":
+                bar.write(f"  \u2717 {rec['student']}: {rec['reason']}")
+            bar.update(1)
+
+    for _ in range(max(1, min(jobs, len(todo)))):
+        start_worker()
+    try:
+        while queue or any(job is not None for _, job in busy.values()):
+            for conn, (proc, job) in list(busy.items()):
+                if job is None and queue:
+                    job = queue.pop(0)
+                    attempts[job["student"]] = attempts.get(job["student"], 0) + 1
+                    try:
+                        conn.send(job)
+                        busy[conn] = (proc, job)
+                    except (OSError, ValueError):
+                        queue.insert(0, job)
+                        attempts[job["student"]] -= 1
+            ready = wait([c for c, (_, j) in busy.items() if j is not None]
+                         + [p.sentinel for p, j in busy.values() if j is not None])
+            for conn, (proc, job) in list(busy.items()):
+                if job is None:
+                    continue
+                rec = None
+                if conn in ready:
+                    try:
+                        rec = conn.recv()
+                    except (EOFError, OSError):
+                        rec = None
+                elif proc.sentinel not in ready:
+                    continue
+                if rec is not None:
+                    busy[conn] = (proc, None)
+                    finish(rec)
+                    continue
+                # the worker died with this submission
+                proc.join(5)
+                code = proc.exitcode
+                del busy[conn]
+                conn.close()
+                start_worker()
+                why = (f"the grading worker died while grading this submission (exit code {code}"
+                       + (", killed by signal %d" % -code if code is not None and code < 0 else "") + ")")
+                if attempts[job["student"]] < 2:
+                    log(f"  ! {job['student']}: {why}; grading it once more")
+                    queue.insert(0, job)
+                else:
+                    finish(_died(job, why + " twice; the other submissions were graded"))
+    finally:
+        for conn, (proc, _) in busy.items():
+            with contextlib.suppress(OSError, ValueError):
+                conn.send(None)
+        for conn, (proc, _) in busy.items():
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+            conn.close()
+        if bar is not None:
+            bar.close()
+    return results
+
+
+def _save(root: str, assignment: str, records: list[dict], shard, out: str | None) -> None:
+    folder = os.path.join(root, GRADED, assignment)
+    os.makedirs(folder, exist_ok=True)
+    if shard is not None:
+        path = out or os.path.join(folder, f"shard-{shard[0]}-of-{shard[1]}.json")
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump({"assignment": assignment, "shard": list(shard), "records": records}, f)
+        os.replace(path + ".tmp", path)
+        return
+    for rec in records:
+        if not rec.get("unchanged") and not rec.pop("_saved", False):
+            _write_record(root, rec)
+
+
+def _write_record(root: str, rec: dict) -> None:
+    rec = {k: v for k, v in rec.items() if k not in ("unchanged", "_saved")}
+    html = rec.get("feedback_html")
+    if html is not None:
+        nb_dir = os.path.join(root, "feedback", rec["student"], rec["assignment"])
+        os.makedirs(nb_dir, exist_ok=True)
+        name = os.path.splitext(os.path.basename(release_notebook(root, rec["assignment"])))[0] + ".html"
+        with open(os.path.join(nb_dir, name), "w", encoding="utf-8") as f:
+            f.write(html)
+        rec["feedback"] = os.path.relpath(os.path.join(nb_dir, name), root)
+    path = result_path(root, rec["assignment"], rec["student"])
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(rec, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def merge_results(root: str, files: list[str]) -> list[dict]:
+    """Fold shard files into graded/ (and the feedback folders); idempotent. The merged records."""
+    merged = []
+    for path in files:
+        with open(path, encoding="utf-8") as f:
+            bundle = json.load(f)
+        for rec in bundle["records"]:
+            _write_record(root, rec)
+            merged.append(rec)
+    return merged
+
+
+# ---------------------------------------------------------------------------
+# The gradebook: the main process is its only writer
+# ---------------------------------------------------------------------------
+
+def write_gradebook(root: str, assignment: str, records: list[dict]) -> None:
+    """Scores per cell into nbgrader's gradebook; flags as "needs manual grade" and a comment."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    if not records:
+        return
+    notebook_id = os.path.splitext(os.path.basename(release_notebook(root, assignment)))[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # SQLAlchemy's "not in session" notes from nbgrader's own queries
+        with Gradebook("sqlite:///" + os.path.join(root, "gradebook.db")) as gb:
+            try:
+                gb.find_assignment(assignment)
+            except MissingEntry:
+                raise ClassRunError(f"{assignment} is not in the gradebook: run `make build` (nbgrader "
+                                    f"generate_assignment) first") from None
+            solution_cells = [c.name for c in gb.find_notebook(notebook_id, assignment).solution_cells]
+            for rec in records:
+                gb.update_or_create_student(rec["student"])
+                stamp = datetime.datetime.fromisoformat(rec["graded_at"]) if rec.get("graded_at") else None
+                gb.update_or_create_submission(assignment, rec["student"], timestamp=stamp)
+                for c in rec["cells"]:
+                    try:
+                        grade = gb.find_grade(c["grade_id"], notebook_id, assignment, rec["student"])
+                    except MissingEntry:
+                        continue
+                    grade.auto_score = c["points"]
+                    grade.needs_manual_grade = bool(c.get("flagged")) or rec["status"] != "graded"
+                note = _note(rec)
+                if solution_cells:
+                    comment = gb.find_comment(solution_cells[0], notebook_id, assignment, rec["student"])
+                    comment.auto_comment = note
+                gb.db.commit()
+
+
+def _note(rec: dict) -> str | None:
+    if rec["status"] != "graded":
+        return f"Not graded: {rec['reason']}"
+    flagged = [c["grade_id"] for c in rec["cells"] if c.get("flagged")]
+    if flagged:
+        return ("The notebook's own run and the trusted grader disagree on " + ", ".join(flagged)
+                + "; the trusted verdict is the grade. Review this submission.")
+    return None

@@ -1,0 +1,736 @@
+"""Trusted verdicts: grade a submission from a process that never runs the student's code.
+
+    results = grade_notebook(submitted_nb, source_nb, assignment="02_tensor_parallel", sandbox=Sandbox(...))
+    # {grade_id: CellVerdict(passed, points, max_points, message, visible_passed)}
+
+Two processes per submission:
+
+- the **grader** (this process, outside any sandbox) reads the submitted
+  notebook as JSON, executes only the source notebook's test cells (the
+  instructor's code, hidden tests included) with every name the student
+  defines bound to a `StudentRef`, and decides every verdict itself;
+- the **zygote** (`_zygote_main`), a fresh interpreter in the sandbox, runs
+  the notebook's given, answer and scratch cells once, in order (never a
+  test cell: the grader runs each check once, here), then serves the
+  grader's requests: run a rank program on N ranks (it forks them, as
+  `run_distributed` does) or call a student function. Requests and replies
+  are length-prefixed frames on the zygote's stdin and stdout, bounded in
+  size (a reply over `MAX_REPLY` bytes is refused before it is read). What a
+  rank runs is sent by value (`dumps_by_value`: the checks' own functions
+  travel as code, never as a name the student's process could have
+  rebound), with the check's inputs only: expected results stay here. The
+  zygote sends back only data, which the grader loads with
+  `torch.load(weights_only=True)` (tensors, numbers, strings, containers
+  and the ledger's records) or as JSON (errors).
+
+Nothing the student's code does to Python objects can reach the grader: a
+patched check, a patched `run_distributed`, an IPython hook or an AST
+transformer exist only in the zygote. What the ranks report about themselves
+(their outputs and their communication ledger) is produced next to the
+student's code, and a submission written to forge it would pass: that is
+cheating by design, not a fault the grader can tell from a correct solution,
+and the threat model in the README says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import io
+import json
+import os
+import re
+import select
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+
+from autograder.runtime.plaindata import safe_load
+
+__all__ = ["StudentRef", "ZygoteClient", "CellVerdict", "grade_notebook", "safe_load", "RemoteError"]
+
+_MARKERS = re.compile(r"^[ \t]*### (BEGIN|END) (SOLUTION|HIDDEN TESTS)[ \t]*$", re.M)
+
+
+# ---------------------------------------------------------------------------
+# Data only, both ways
+# ---------------------------------------------------------------------------
+
+# In the zygote (and the ranks it forks): the namespace the student's cells ran in.
+_NAMESPACE: dict | None = None
+
+
+class StudentRef:
+    """Stands, in the grader, for a name the student's notebook defines; the real thing in the zygote.
+
+    In the zygote and its ranks it behaves as the student's object of that
+    name (calls and attributes go to it), wherever it travelled: an argument,
+    a closure of a check's helper, a global of a given cell's function. In
+    the grader, calling it runs the student's function in the zygote and
+    returns its (data) result; its exceptions come back as the same built-in
+    type (a `ValueError` stays a `ValueError`). Nothing else of it is
+    available in the grader: checks hand student code to rank programs.
+    """
+
+    def __init__(self, name: str):
+        self.__name__ = name
+        self.__qualname__ = name
+
+    def _target(self):
+        try:
+            return _NAMESPACE[self.__name__]
+        except KeyError:
+            raise NameError(f"name {self.__name__!r} is not defined: did the answer cell that defines it run "
+                            f"without an error?") from None
+
+    def __repr__(self) -> str:
+        return f"<your {self.__name__}>"
+
+    def __call__(self, *args, **kwargs):
+        if _NAMESPACE is not None:
+            return self._target()(*args, **kwargs)
+        client = _CLIENT.get("client")
+        if client is None:
+            raise RuntimeError(f"{self.__name__} is a stand-in for the student's code; no zygote is running")
+        return client.call(self.__name__, args, kwargs)
+
+    def __getattr__(self, attr):
+        if attr.startswith("__") or _NAMESPACE is None:
+            raise AttributeError(f"{self!r} has no attribute {attr!r} in the grader")
+        return getattr(self._target(), attr)
+
+    def __reduce__(self):
+        return (StudentRef, (self.__name__,))
+
+
+def resolve(value, namespace: dict):
+    """`value` with every StudentRef replaced by the student's object of that name (in the zygote)."""
+    if isinstance(value, StudentRef):
+        name = value.__name__
+        if name not in namespace:
+            raise NameError(f"name {name!r} is not defined: did the answer cell that defines it run without "
+                            f"an error?")
+        return namespace[name]
+    if isinstance(value, tuple):
+        return tuple(resolve(v, namespace) for v in value)
+    if isinstance(value, list):
+        return [resolve(v, namespace) for v in value]
+    if isinstance(value, dict):
+        return {k: resolve(v, namespace) for k, v in value.items()}
+    return value
+
+
+class RemoteError(Exception):
+    """A student function called from the grader raised in the zygote; message and frames as data."""
+
+    def __init__(self, record: dict):
+        self.record = record
+        self.stub = record.get("stub", "")
+        super().__init__(f"{record.get('type', 'Error')}: {record.get('message', '')}")
+
+
+class RemoteNotImplemented(RemoteError, NotImplementedError):
+    """RemoteError for a NotImplementedError (a stub, or a deliberately unsupported case)."""
+
+
+_REMOTE_TYPES: dict = {"NotImplementedError": RemoteNotImplemented}
+
+
+def remote_exception(record: dict) -> RemoteError:
+    """The exception to raise in the grader for one the student's code raised in the zygote: of the same
+    built-in type where it was one (a check that expects ValueError sees a ValueError), else RemoteError."""
+    import builtins
+
+    name = record.get("type", "")
+    cls = _REMOTE_TYPES.get(name)
+    if cls is None:
+        base = getattr(builtins, name, None)
+        if isinstance(base, type) and issubclass(base, Exception) and base not in (BaseException,):
+            cls = _REMOTE_TYPES[name] = type(f"Remote{name}", (RemoteError, base), {"__module__": __name__})
+        else:
+            cls = RemoteError
+    exc = cls.__new__(cls)
+    RemoteError.__init__(exc, record)
+    exc.args = (record.get("message", ""),)
+    return exc
+
+
+# ---------------------------------------------------------------------------
+# The channel: length-prefixed frames on the zygote's stdin and stdout, bounded in size
+# ---------------------------------------------------------------------------
+
+_PREFIX = struct.Struct(">4sIQ")  # magic, header length, blob length
+_MAGIC = b"AGZ1"
+MAX_HEADER = 1 << 20  # a frame's JSON header
+MAX_REPLY = 256 << 20  # a reply's data (the ranks' tensors): more is refused, the process stopped
+RESERVE_MB = 32  # scratch space kept for the runner while the student's cells run
+
+
+class ChannelError(RuntimeError):
+    """The other side closed the channel, broke its framing, sent too much, or did not answer in time."""
+
+
+def _write_all(fd: int, data: bytes, deadline: float | None = None) -> None:
+    view = memoryview(data)
+    while view:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([], [fd], [], left)[1]:
+                raise ChannelError("the submission's process did not take the grader's request in time")
+        try:
+            n = os.write(fd, view)
+        except BlockingIOError:
+            continue
+        except OSError as exc:
+            raise ChannelError(f"the submission's process closed its channel ({exc.strerror})") from None
+        view = view[n:]
+
+
+def send_frame(fd: int, header: dict, blob: bytes = b"", deadline: float | None = None) -> None:
+    data = json.dumps(header).encode("utf-8")
+    _write_all(fd, _PREFIX.pack(_MAGIC, len(data), len(blob)) + data + bytes(blob), deadline)
+
+
+def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise ChannelError("timeout")
+        try:
+            chunk = os.read(fd, min(n - len(buf), 1 << 20))
+        except BlockingIOError:
+            continue
+        if not chunk:
+            raise ChannelError("the submission's process closed its channel (it exited or was killed)")
+        buf += chunk
+    return bytes(buf)
+
+
+def read_frame(fd: int, deadline: float | None = None, max_blob: int = MAX_REPLY) -> tuple[dict, bytes]:
+    """One frame; a frame larger than the limits is refused before anything of it is kept."""
+    magic, n_header, n_blob = _PREFIX.unpack(_read_exact(fd, _PREFIX.size, deadline))
+    if magic != _MAGIC:
+        raise ChannelError("the submission's process wrote something else than the grader's protocol on its "
+                           "channel")
+    if n_header > MAX_HEADER or n_blob > max_blob:
+        raise ChannelError(f"the submission's process sent a reply of {n_header + n_blob:,} bytes (at most "
+                           f"{max_blob:,} are accepted): rank programs return small tensors, numbers and strings")
+    try:
+        header = json.loads(_read_exact(fd, n_header, deadline).decode("utf-8"))
+    except ValueError:
+        raise ChannelError("the submission's process sent a malformed reply") from None
+    if not isinstance(header, dict):
+        raise ChannelError("the submission's process sent a malformed reply")
+    return header, _read_exact(fd, n_blob, deadline)
+
+
+# ---------------------------------------------------------------------------
+# The zygote: runs in the sandbox, executes the student's cells, serves requests
+# ---------------------------------------------------------------------------
+
+def _cell_filename(meta: dict, index: int) -> str:
+    gid = meta.get("grade_id")
+    return f"<answer cell {gid}>" if meta.get("solution") else f"<cell {gid or index}>"
+
+
+def _executable_cells(nb: dict, skip: frozenset = frozenset()) -> list[tuple[str, str]]:
+    """(filename, source) of the code cells the zygote runs: everything but graded test cells.
+
+    `skip`: sources of free cells to leave out (the notebook's own pictures and
+    scratch examples, as released: they define nothing the student wrote).
+    """
+    out = []
+    for i, cell in enumerate(nb.get("cells", [])):
+        if cell.get("cell_type") != "code":
+            continue
+        meta = cell.get("metadata", {}).get("nbgrader", {}) or {}
+        if meta.get("grade") and not meta.get("solution"):
+            continue
+        src = cell.get("source", "")
+        src = "".join(src) if isinstance(src, list) else src
+        if not meta and src in skip:
+            continue
+        # IPython-only syntax (magics, shell escapes) has no meaning here
+        src = "\n".join(line for line in src.splitlines() if not line.lstrip().startswith(("%", "!")))
+        out.append((_cell_filename(meta, i), src))
+    return out
+
+
+def _zygote_main(inputs: str, workdir: str, output_limit: int) -> None:
+    """Entry point in the sandbox: run the cells, then serve the grader's requests (frames on stdin/stdout).
+
+    `inputs` (read-only here) holds the notebook and the free cells to skip, written by the grader;
+    `workdir` is the submission's own scratch folder.
+    """
+    import linecache
+
+    os.makedirs(workdir, exist_ok=True)
+    os.chdir(workdir)
+    # the channel gets private descriptors; fds 0, 1 and 2 (the student's prints, C++ logs) go elsewhere.
+    # (Code in this process could still use the channel: the grader takes only data from it.)
+    requests, reply = os.dup(0), os.dup(1)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    log = open(os.path.join(workdir, "zygote.log"), "w", encoding="utf-8", errors="replace")
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    sys.stdout = sys.stderr = _Capped(log, output_limit)
+
+    import torch  # noqa: F401 - before forking ranks (spec 6)
+
+    import autograder.runtime.agreement  # noqa: F401 - dispatch-mode imports, paid once
+
+    with open(os.path.join(inputs, "submission.ipynb"), encoding="utf-8") as f:
+        nb = json.load(f)
+    with open(os.path.join(inputs, "skip.json"), encoding="utf-8") as f:
+        skip = frozenset(json.load(f))
+    namespace: dict = {"__name__": "__main__", "__builtins__": __builtins__}
+    global _NAMESPACE
+    _NAMESPACE = namespace  # StudentRefs arriving here (and in the forked ranks) are the student's objects
+    cell_errors = []
+    # room kept for the runner's own files (rendezvous, rank logs, results) in the scratch space, which a
+    # notebook that fills it in its cells would otherwise leave with none: given back once the cells ran
+    reserve = os.path.join(tempfile.gettempdir(), ".autograder-reserve")
+    with contextlib.suppress(OSError), open(reserve, "wb") as f:
+        for _ in range(RESERVE_MB):
+            f.write(bytes(1 << 20))
+    for filename, src in _executable_cells(nb, skip):
+        linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+        try:
+            exec(compile(src, filename, "exec"), namespace)  # noqa: S102 - the sandbox's purpose
+        except BaseException as exc:  # noqa: BLE001 - a cell's error is recorded, the others still run
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            cell_errors.append({"cell": filename, "error": f"{type(exc).__name__}: {exc}"[:500]})
+    with contextlib.suppress(OSError):
+        os.remove(reserve)
+    send_frame(reply, {"ready": True, "cell_errors": cell_errors[:50]})
+    _serve(requests, reply, namespace)
+
+
+def _serve(requests: int, reply: int, namespace: dict) -> None:
+    """Answer the grader's requests until it closes the channel."""
+    import cloudpickle
+
+    from autograder.runtime import dist
+    from autograder.runtime.dist import _exception_record
+
+    while True:
+        try:
+            req, payload = read_frame(requests, max_blob=1 << 40)
+        except ChannelError:
+            return  # the grader is done
+        rid = req.get("id")
+        try:
+            fn_or_name, *rest = cloudpickle.loads(payload)
+            if req.get("op") == "run":
+                world_size, kwargs = rest
+                kwargs = dict(kwargs)
+                kwargs["args"] = resolve(kwargs.get("args", ()), namespace)
+                try:
+                    result = dist.run_distributed(fn_or_name, world_size, **kwargs)
+                    send_frame(reply, {"id": rid, "ok": True}, _to_bytes(result))
+                except dist.DistributedError as exc:
+                    send_frame(reply, {"id": rid, "ok": False, "kind": "distributed"},
+                               json.dumps({"summary": exc.summary, "failures": [dataclasses.asdict(f)
+                                                                                for f in exc.failures]}).encode())
+            else:  # "call": a student function called by a check in the grader
+                args, kwargs = rest
+                try:
+                    value = resolve(StudentRef(fn_or_name), namespace)(*resolve(args, namespace),
+                                                                        **resolve(kwargs, namespace))
+                    send_frame(reply, {"id": rid, "ok": True}, _to_bytes(value))
+                except BaseException as exc:  # noqa: BLE001 - sent back as data
+                    if isinstance(exc, KeyboardInterrupt):
+                        raise
+                    send_frame(reply, {"id": rid, "ok": False, "kind": "call"},
+                               json.dumps(_exception_record(exc)).encode())
+        except ChannelError:
+            return
+        except BaseException as exc:  # noqa: BLE001 - never die on a bad request
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            record = {"type": type(exc).__name__, "message": str(exc)[:2000], "frames": [], "stub": "",
+                      "text": traceback.format_exc()[-4000:]}
+            try:
+                send_frame(reply, {"id": rid, "ok": False, "kind": "call"}, json.dumps(record).encode())
+            except ChannelError:
+                return
+
+
+def _to_bytes(value) -> bytes:
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(value, buf)
+    return buf.getvalue()
+
+
+class _Capped(io.TextIOBase):
+    """A text stream that keeps at most `limit` characters (a print loop cannot fill the disk)."""
+
+    def __init__(self, raw, limit: int):
+        self.raw, self.left = raw, limit
+
+    def write(self, s):
+        if self.left > 0:
+            self.raw.write(s[:self.left])
+            self.raw.flush()
+            self.left -= len(s)
+        return len(s)
+
+    def flush(self):
+        self.raw.flush()
+
+
+# ---------------------------------------------------------------------------
+# The grader's side
+# ---------------------------------------------------------------------------
+
+_CLIENT: dict = {}
+# what a rank program is made of travels by value: the check's own functions (and theirs), never a name the
+# student's process looks up (where a notebook could have replaced it)
+_BY_VALUE = ("autograder.checks",)
+
+
+def dumps_by_value(obj) -> bytes:
+    """cloudpickle of `obj`, with every function of the course's checks sent by value (its code), not by
+    name; classes, modules and the runtime's functions still go by name."""
+    import pickle
+    import types
+
+    import cloudpickle
+
+    class _ByValue(cloudpickle.Pickler):
+        def reducer_override(self, o):
+            if isinstance(o, types.FunctionType) and (getattr(o, "__module__", None) or "").startswith(_BY_VALUE):
+                return self._dynamic_function_reduce(o)
+            return super().reducer_override(o)
+
+    buf = io.BytesIO()
+    _ByValue(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buf.getvalue()
+
+
+class ZygoteClient:
+    """The grader's handle on one submission's zygote (started in `sandbox`, if given).
+
+    `inputs` is a folder only the grader writes (the sandbox reads it);
+    `workdir` the zygote's scratch folder (inside the sandbox: its private /tmp).
+    """
+
+    def __init__(self, notebook: dict, inputs: str, workdir: str, *, sandbox=None, start_timeout: float = 120.0,
+                 output_limit: int = 1_000_000, skip_cells=()):
+        self.inputs, self.workdir = inputs, workdir
+        _write_new(os.path.join(inputs, "submission.ipynb"), json.dumps(notebook))
+        _write_new(os.path.join(inputs, "skip.json"), json.dumps(sorted(skip_cells)))
+        self.sandbox = sandbox
+        self.start_timeout = start_timeout
+        self.output_limit = output_limit
+        self.proc = None
+        self.cell_errors: list = []
+        self.starts = 0
+        self._next = 0
+
+    # -- life cycle -----------------------------------------------------------------
+    def start(self) -> None:
+        self.starts += 1
+        cmd = [sys.executable, "-c", "from autograder.grading.trusted import _zygote_main; import sys; "
+               "_zygote_main(sys.argv[1], sys.argv[2], int(sys.argv[3]))",
+               self.inputs, self.workdir, str(self.output_limit)]
+        env = {"TORCH_CPP_LOG_LEVEL": "ERROR", "PYTHONHASHSEED": "0", "MPLBACKEND": "Agg"}
+        if self.sandbox is not None:
+            self.proc = self.sandbox.popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                           stderr=subprocess.DEVNULL)
+        else:
+            os.makedirs(self.workdir, exist_ok=True)
+            self.proc = subprocess.Popen(cmd, env={**os.environ, **env, "TMPDIR": self.workdir}, cwd=self.workdir,
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                         start_new_session=True)
+        self._out = self.proc.stdout.fileno()
+        self._in = self.proc.stdin.fileno()
+        os.set_blocking(self._out, False)
+        os.set_blocking(self._in, False)
+        try:
+            msg, _ = read_frame(self._out, time.monotonic() + self.start_timeout, max_blob=0)
+        except ChannelError as exc:
+            self.close()
+            why = ("the submission's cells did not finish running within " f"{self.start_timeout:g} s (or its "
+                   "process died)") if str(exc) == "timeout" or "closed" in str(exc) else str(exc)
+            raise RuntimeError(why) from None
+        if not msg.get("ready"):
+            self.close()
+            raise RuntimeError("the submission's process did not start serving the grader")
+        errors = msg.get("cell_errors") or []
+        self.cell_errors = [{"cell": str(e.get("cell", ""))[:100], "error": str(e.get("error", ""))[:500]}
+                            for e in errors[:50] if isinstance(e, dict)] if isinstance(errors, list) else []
+
+    def _alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def close(self) -> None:
+        """Stop the zygote and everything it started."""
+        if self.proc is None:
+            return
+        if self.sandbox is not None:
+            self.sandbox.kill(self.proc)
+        else:
+            try:
+                os.killpg(self.proc.pid, 9)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+        for f in (self.proc.stdin, self.proc.stdout):
+            with contextlib.suppress(OSError):
+                f.close()
+        self.proc = None
+
+    def __enter__(self):
+        self.start()
+        _CLIENT["client"] = self
+        return self
+
+    def __exit__(self, *exc):
+        _CLIENT.pop("client", None)
+        self.close()
+
+    # -- requests ---------------------------------------------------------------------
+    def _request(self, op: str, payload, timeout: float):
+        if not self._alive():
+            self.close()
+            self.start()  # a previous request killed it: a fresh one for the next check
+        self._next += 1
+        rid = self._next
+        deadline = time.monotonic() + timeout
+        try:
+            send_frame(self._in, {"id": rid, "op": op}, dumps_by_value(payload), deadline)
+            while True:
+                header, blob = read_frame(self._out, deadline)
+                if header.get("id") == rid:
+                    break
+        except ChannelError as exc:
+            self.close()
+            why = (f"the submission did not answer within {timeout:g} s (or its process died); it was stopped"
+                   if str(exc) == "timeout" else f"{exc}; it was stopped")
+            return None, {"type": "TimeoutError" if str(exc) == "timeout" else "RuntimeError", "message": why,
+                          "frames": [], "stub": ""}
+        try:
+            if header.get("ok"):
+                return safe_load(blob), None
+            err = json.loads(blob.decode("utf-8"))
+            if not isinstance(err, dict):
+                raise ValueError("not a record")
+            return None, err
+        except Exception as exc:  # noqa: BLE001 - whatever the submission's process wrote is untrusted
+            return None, {"type": "RuntimeError", "message": f"the submission's process sent back no usable "
+                          f"result ({type(exc).__name__}: {str(exc)[:200]})", "frames": [], "stub": ""}
+
+    def run(self, fn, world_size: int, kwargs: dict):
+        """run_distributed(fn, world_size, **kwargs) in the zygote; the same contract as locally."""
+        from autograder.runtime.dist import DistributedError, RankFailure
+
+        timeout = float(kwargs.get("timeout", 20.0)) + 30.0
+        value, err = self._request("run", (fn, world_size, kwargs), timeout)
+        if err is None:
+            if not isinstance(value, list) or len(value) != world_size:
+                raise DistributedError(f"run_distributed: expected one result per rank ({world_size}), got "
+                                       f"{type(value).__name__}", [])
+            return value
+        if "summary" in err:
+            fields = {f.name for f in dataclasses.fields(RankFailure)}
+            try:
+                failures = [RankFailure(**{k: v for k, v in f.items() if k in fields}) for f in err["failures"]]
+            except (TypeError, AttributeError):
+                failures = []
+            raise DistributedError(str(err["summary"]), failures)
+        raise DistributedError(f"run_distributed: {err.get('type')}: {err.get('message')}", [])
+
+    def call(self, name: str, args, kwargs):
+        value, err = self._request("call", (name, args, kwargs), 60.0)
+        if err is None:
+            return value
+        raise remote_exception(err)
+
+
+def _write_new(path: str, text: str) -> None:
+    """Create `path` (it must not exist: never through a link) with `text`."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+# ---------------------------------------------------------------------------
+# Grading a notebook
+# ---------------------------------------------------------------------------
+
+@dataclass
+class CellVerdict:
+    grade_id: str
+    passed: bool
+    points: float
+    max_points: float
+    message: str = ""
+    visible_passed: bool | None = None  # the visible part alone (what the student's kernel ran)
+
+
+def _meta(cell) -> dict:
+    return (cell.get("metadata", {}) or {}).get("nbgrader", {}) or {}
+
+
+def _src(cell) -> str:
+    s = cell.get("source", "")
+    return "".join(s) if isinstance(s, list) else s
+
+
+def _split_hidden(source: str) -> tuple[str, str | None]:
+    """(the visible test cell, the hidden-only test cell or None) of a source test cell."""
+    lines = source.splitlines()
+    begin = [i for i, line in enumerate(lines) if "BEGIN HIDDEN TESTS" in line]
+    if not begin:
+        return source, None
+    b = begin[0]
+    e = next(i for i, line in enumerate(lines) if "END HIDDEN TESTS" in line)
+    visible = "\n".join(lines[:b] + lines[e + 1:])
+    # the cell's `with checking(...):` header (everything before the first indented check) + the hidden lines
+    header = [line for line in lines[:b] if not line.startswith((" ", "\t"))]
+    hidden = "\n".join(header + lines[b + 1:e])
+    return visible, hidden
+
+
+def _student_names(nb: dict) -> set[str]:
+    """Top-level names the student's cells may define (functions, classes, assignments)."""
+    import ast
+
+    names: set[str] = set()
+    for _, src in _executable_cells(nb):
+        try:
+            tree = ast.parse(src)
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Assign):
+                names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
+
+
+def _exec_test(code: str, namespace: dict, label: str) -> tuple[bool, str]:
+    out = io.StringIO()
+    try:
+        from contextlib import redirect_stdout
+
+        with redirect_stdout(out):
+            exec(compile(code, label, "exec"), namespace)  # noqa: S102 - the instructor's test code
+        return True, out.getvalue().strip()
+    except BaseException as exc:  # noqa: BLE001 - a failure is a verdict
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        return False, "".join(traceback.format_exception_only(type(exc), exc)).strip()
+
+
+def _not_graded(tests: list, why: str) -> dict[str, CellVerdict]:
+    """Every test cell failed, for one reason, before any check could run."""
+    return {_meta(c)["grade_id"]: CellVerdict(_meta(c)["grade_id"], False, 0.0, float(_meta(c).get("points", 0)),
+                                              why, False) for c in tests}
+
+
+def grade_notebook(submitted: dict, source: dict, *, inputs: str | None = None, sandbox=None,
+                   budget: float = 600.0, memory_note: str = "out of memory") -> tuple[dict[str, CellVerdict], list]:
+    """Trusted verdicts of every graded cell of `submitted` (dicts of the notebooks' JSON).
+
+    Test cells come from `source` (hidden tests included) and run here; the
+    student's cells run only in the zygote, a fresh interpreter in `sandbox`
+    (or a plain subprocess without one). `inputs` is a folder only the grader
+    writes (made here if not given). Returns (verdicts by grade id, the
+    student's cell errors). `budget` bounds the whole notebook (seconds).
+    A check during which the sandbox killed a process for its memory says so
+    first (`memory_note`), whatever the process's death looked like from here.
+    """
+    from autograder.runtime import dist
+    from autograder.runtime.report import show_internals  # noqa: F401 - the checks' messages, as in the notebook
+
+    own = inputs is None
+    inputs = inputs or tempfile.mkdtemp(prefix="autograder-inputs-")
+    scratch = None
+    if sandbox is not None:
+        workdir = sandbox.scratch
+    else:
+        scratch = tempfile.mkdtemp(prefix="autograder-zygote-")
+        workdir = scratch
+    verdicts: dict[str, CellVerdict] = {}
+    tests = [c for c in source["cells"] if c.get("cell_type") == "code" and _meta(c).get("grade")
+             and not _meta(c).get("solution")]
+    setup = [c for c in source["cells"] if c.get("cell_type") == "code" and _meta(c).get("locked")
+             and not _meta(c).get("grade")]
+    deadline = time.monotonic() + budget
+    try:
+        released_free = {_src(c) for c in source["cells"] if c.get("cell_type") == "code" and not _meta(c)}
+        client = ZygoteClient(copy.deepcopy(submitted), inputs, workdir, sandbox=sandbox,
+                              start_timeout=min(120.0, budget), skip_cells=released_free)
+        def oom_kills() -> int:
+            return sandbox.oom_kills() if sandbox is not None and hasattr(sandbox, "oom_kills") else 0
+
+        try:
+            client.__enter__()
+        except RuntimeError as exc:
+            why = f"{memory_note} while running the notebook's cells; " if oom_kills() else ""
+            return _not_graded(tests, f"not graded: {why}{exc}"), []
+        dist.set_executor(client)
+        try:
+            namespace: dict = {"__name__": "__grader__"}
+            for c in setup:  # the set-up cells bind the checks, exactly as the notebook does
+                gid = _meta(c).get("grade_id")
+                try:
+                    with contextlib.redirect_stdout(io.StringIO()):  # what a worked example prints is not ours
+                        exec(compile(_src(c), f"<setup {gid}>", "exec"), namespace)  # noqa: S102 - instructor code
+                except (dist.DistributedError, RemoteError) as exc:
+                    # a given cell that runs code in the student's process (a worked example) failed there:
+                    # the notebook broke what the course's own cells need (in the student's kernel too)
+                    return _not_graded(tests, f"not graded: the course's given cell {gid} failed when run with "
+                                              f"this notebook's code: {str(exc).splitlines()[0][:500]}"), \
+                        client.cell_errors
+                except Exception as exc:  # noqa: BLE001 - the instructor's cell itself is broken
+                    raise RuntimeError(f"the source notebook's set-up cell {gid} failed in the grader: "
+                                       f"{type(exc).__name__}: {exc}") from exc
+            given = set(namespace)
+            for name in _student_names(submitted) - given:
+                namespace[name] = StudentRef(name)
+            for c in tests:
+                m = _meta(c)
+                gid, points = m["grade_id"], float(m.get("points", 0))
+                if time.monotonic() > deadline:
+                    verdicts[gid] = CellVerdict(gid, False, 0.0, points,
+                                                f"not graded: the notebook's time budget ({budget:g} s) ran out")
+                    continue
+                visible, hidden = _split_hidden(_src(c))
+                killed = oom_kills()
+                ok_v, msg_v = _exec_test(visible, namespace, f"<test {gid}>")
+                ok, msg = ok_v, msg_v
+                if ok_v and hidden is not None:
+                    ok, msg_h = _exec_test(hidden, namespace, f"<test {gid}>")
+                    msg = msg_h if not ok else msg_v
+                if not ok and oom_kills() > killed:
+                    msg = f"{memory_note}: the submission's processes were killed during this check. {msg}"
+                verdicts[gid] = CellVerdict(gid, ok, points if ok else 0.0, points, msg, ok_v)
+        finally:
+            dist.set_executor(None)
+            client.__exit__(None, None, None)
+        return verdicts, client.cell_errors
+    finally:
+        import shutil
+
+        if own:
+            shutil.rmtree(inputs, ignore_errors=True)
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)

@@ -1,0 +1,863 @@
+"""Run a function in N rank processes with torch.distributed initialised.
+
+    from autograder.runtime import run_distributed
+    outs = run_distributed(fn, world_size=4, args=(x,))   # fn(rank, world_size, x)
+
+Rank processes are forked on a Linux CPU (cheap: ~0.1 s for 4 ranks) and
+spawned elsewhere (macOS, CUDA ranks), in which case the function and its
+arguments are sent by value with cloudpickle, so functions and classes
+defined in a notebook cell work on both paths.
+
+Whatever happens in the ranks, the caller gets either the list of per-rank
+return values or one `DistributedError` that names every failed rank with its
+traceback, exit signal, or (on a deadlock) its Python stack. No rank process
+outlives the call, and nothing a rank prints reaches the caller's stderr
+(nbgrader scores a cell with any stderr output 0): rank output is captured to
+files, shown on request (`show_output=True`) or in the error.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import faulthandler
+import io
+import json
+import linecache
+import multiprocessing
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+
+__all__ = ["run_distributed", "DistributedError", "RankFailure", "default_start_method", "rank_device",
+           "set_executor"]
+
+# Where run_distributed runs its ranks: here (None), or, for the trusted grader, in a
+# submission's sandboxed process (autograder.grading.trusted.ZygoteClient).
+_EXECUTOR = None
+
+
+def set_executor(executor) -> None:
+    """Route every run_distributed call to `executor.run(fn, world_size, kwargs)` (None: run here)."""
+    global _EXECUTOR
+    _EXECUTOR = executor
+
+# How long the survivors get to report their own error after the first rank fails.
+_GRACE_AFTER_FAILURE_S = 1.5
+# A deadlock: every live rank blocked, none using the CPU, for this long.
+DEADLOCK_IDLE_S = 2.0
+# How long a rank gets to write its stack after SIGUSR1.
+_STACK_DUMP_WAIT_S = 0.5
+# Characters of each rank's captured output quoted in an error.
+_OUTPUT_TAIL_CHARS = 3000
+
+
+@dataclass
+class RankFailure:
+    """One failed rank. `kind`: "exception", "crash", "timeout" (a deadlock or a slow run),
+    "killed-after-peer-failure" (still running when another rank failed)."""
+
+    rank: int
+    kind: str
+    detail: str  # the full traceback, the exit description, or the faulthandler stack
+    output_tail: str = ""
+    exc_type: str = ""       # for "exception": the exception's class name
+    message: str = ""        # for "exception": str(exception)
+    frames: list = field(default_factory=list)  # for "exception": [{file, line, name, text, student}], outermost first
+    stub: str = ""           # the student function that raised NotImplementedError from its stub, if any
+
+    def student_view(self) -> str:
+        """What the student needs: the error and their own frames, or where the rank was waiting."""
+        if self.kind == "exception":
+            lines = [f"{self.exc_type}: {self.message}".rstrip()] if self.exc_type else [self.detail.rstrip()]
+            mine = [f for f in self.frames if f["student"]]
+            if not mine and self.frames:
+                mine = self.frames[-1:]
+            if mine:
+                lines.append("  in your code (innermost last):" if mine[0]["student"] else "  raised at:")
+                for f in mine:
+                    lines.append(f"    {f['where']}")
+                    if f["text"]:
+                        lines.append(f"      {f['text']}")
+            return "\n".join(lines)
+        if self.kind == "crash":
+            first, _, stack = self.detail.partition("\n")
+            where = _blocked_at(stack) if stack else ""
+            return first + (f"; it {where}" if where else "")
+        if self.detail.startswith(_RETURNED):
+            return self.detail
+        return _blocked_at(self.detail) or "(no Python stack was written)"
+
+    def describe(self, full: bool | None = None) -> str:
+        """The failure as the error message shows it (student view; the full internals with `full`)."""
+        full = _full() if full is None else full
+        if full:
+            head = {
+                "exception": f"rank {self.rank} raised an exception",
+                "crash": f"rank {self.rank} died: {self.detail.partition(chr(10))[0]}",
+                "timeout": f"rank {self.rank} did not finish in time; its Python stack:",
+                "killed-after-peer-failure": f"rank {self.rank} was still running when another rank failed; "
+                                             f"its Python stack:",
+            }[self.kind]
+            body = self.detail if self.kind != "crash" else self.detail.partition("\n")[2]
+            parts = [head, _indent(body.rstrip())] if body.strip() else [head]
+        elif self.kind == "exception":
+            parts = [f"rank {self.rank} raised an exception", _indent(self.student_view())]
+        elif self.kind == "crash":
+            parts = [f"rank {self.rank} died: {self.student_view()}"]
+        else:
+            parts = [f"rank {self.rank} {self.student_view()}"]
+        if self.output_tail.strip():
+            parts.append(f"  rank {self.rank} output (last {_OUTPUT_TAIL_CHARS} characters):")
+            parts.append(_indent(self.output_tail.rstrip()))
+        return "\n".join(parts)
+
+
+_RETURNED = "had returned from its rank program and was waiting for the other ranks"
+
+
+def _full() -> bool:
+    from autograder.runtime.report import internals_shown
+
+    return internals_shown()
+
+
+class DistributedError(RuntimeError):
+    """One or more ranks failed, crashed or hung. `.failures` lists them, root cause first, in rank order."""
+
+    def __init__(self, summary: str, failures: list[RankFailure]):
+        self.summary = summary
+        self.failures = failures
+        super().__init__(f"{summary}\n\n{_describe_all(failures)}")
+
+    @property
+    def stub(self) -> str:
+        """The stub function every rank that raised is stuck in ("" if the failure is something else)."""
+        raised = [f for f in self.failures if f.kind == "exception"]
+        if raised and all(f.stub for f in raised) and not [f for f in self.failures if f.kind == "crash"]:
+            return raised[0].stub
+        return ""
+
+
+def _describe_all(failures: list[RankFailure]) -> str:
+    """Each failure once, in the given order; ranks that failed identically are shown together.
+
+    A rank that failed only because another one did (its connection was
+    closed, or it was stopped while waiting) gets one line, not a stack.
+    """
+    full = _full()
+    root_caused = any(f.kind in ("exception", "crash") and not _secondary(f) for f in failures)
+    parts, shown = [], set()
+    for f in failures:
+        if f.rank in shown:
+            continue
+        if root_caused and not full and (f.kind == "killed-after-peer-failure" or _secondary(f)):
+            shown.add(f.rank)
+            why = ("its connection to the failed rank was closed" if _secondary(f)
+                   else f"it {f.student_view()}")
+            parts.append(f"rank {f.rank} did not finish because another rank failed: {why}.")
+            continue
+        same = [f] + ([g for g in failures if g is not f and g.rank not in shown and _same_failure(f, g)]
+                      if not full else [])
+        ranks = sorted(g.rank for g in same)
+        shown.update(ranks)
+        if len(ranks) == 1:
+            parts.append(f.describe())
+            continue
+        others = ", ".join(str(r) for r in ranks[1:])
+        if f.kind == "exception":
+            hint = f" (`{f.stub}` is still a stub: implement it first)" if f.stub else ""
+            parts.append(f"rank {ranks[0]} raised an exception, and rank(s) {others} the same one{hint}\n"
+                         f"{_indent(f.student_view())}")
+        else:
+            parts.append(f"ranks {', '.join(str(r) for r in ranks)}: each {f.student_view()}")
+    return "\n\n".join(parts)
+
+
+def _same_failure(f: RankFailure, g: RankFailure) -> bool:
+    """Two ranks a student would read as one failure (same error at the same line, or stuck at one place)."""
+    if f.kind != g.kind or f.kind not in ("exception", "timeout") or f.output_tail.strip() or g.output_tail.strip():
+        return False
+    return f.student_view() == g.student_view()
+
+
+_SECONDARY = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
+              "failed to pass monitoredBarrier")
+
+
+def _secondary(f: RankFailure) -> bool:
+    return f.kind == "exception" and any(s in f.detail for s in _SECONDARY)
+
+
+def _indent(text: str, prefix: str = "    ") -> str:
+    return "\n".join(prefix + line for line in text.splitlines())
+
+
+def default_start_method(backend: str = "gloo") -> str:
+    """fork on a Linux CPU; spawn on macOS/Windows and for CUDA (never fork after CUDA init)."""
+    if backend == "nccl" or not sys.platform.startswith("linux"):
+        return "spawn"
+    return "fork"
+
+
+def rank_device(rank: int, backend: str = "gloo"):
+    """Where a rank program puts its tensors: `cuda:<rank>` under NCCL, the CPU otherwise."""
+    import torch
+
+    return torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
+
+
+def _set_parent_death_signal() -> None:
+    """Linux: the kernel kills this rank if the process that started it dies."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _spawn_main() -> None:
+    """Entry point of a spawned rank: `python -c ... WORKDIR RANK WORLD_SIZE BACKEND TIMEOUT CHECK`."""
+    workdir, rank, world_size, backend, timeout, check = sys.argv[1:7]
+    _rank_main(None, int(rank), int(world_size), workdir, backend, float(timeout), by_value=True,
+               check_collectives=check == "1")
+
+
+def _rank_main(payload, rank: int, world_size: int, workdir: str, backend: str, timeout: float,
+               by_value: bool, check_collectives: bool = True) -> None:
+    """Body of one rank process. Never returns normally: exits with a status."""
+    out_path = os.path.join(workdir, f"rank{rank}.log")
+    # Send this process's fd 1 and 2 (Python and C++ alike) to the rank's log file.
+    fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", buffering=0), write_through=True)
+    sys.stderr = io.TextIOWrapper(os.fdopen(2, "wb", buffering=0), write_through=True)
+    _set_parent_death_signal()
+    try:  # a process group of its own: whatever the rank starts is killed with it (autograder.runtime.dist._RankProcess)
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+    stack_file = open(os.path.join(workdir, f"rank{rank}.stack"), "w")
+    faulthandler.enable(file=stack_file, all_threads=True)  # segfaults: write the stack
+    if hasattr(faulthandler, "register"):
+        faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    if sys.platform.startswith("linux"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    elif sys.platform == "darwin":
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo0")
+    status = 1
+    store = None
+    try:
+        import torch
+        import torch.distributed as dist
+
+        # A forked child hangs in its first multi-threaded op if the parent had
+        # already used its OpenMP pool (spec 6); one thread per rank avoids it.
+        torch.set_num_threads(1)
+        if by_value:
+            import cloudpickle
+
+            with open(os.path.join(workdir, "payload.pkl"), "rb") as f:
+                parent_path, blob = cloudpickle.load(f)
+            sys.path[:] = parent_path + [p for p in sys.path if p not in parent_path]
+            fn, args = cloudpickle.loads(blob)
+        else:
+            fn, args = payload
+        if backend == "nccl":
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+        store = dist.FileStore(os.path.join(workdir, "store"), world_size)
+        finished = False
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout + 5.0),
+        )
+        try:
+            # Every rank is connected before any runs the program: a rank that
+            # fails at once must not break a peer's rendezvous.
+            if backend == "nccl":
+                dist.barrier(device_ids=[torch.cuda.current_device()])
+            else:
+                dist.barrier()
+            if check_collectives:
+                # Ranks must agree on each collective before it runs (autograder.runtime.agreement):
+                # a mismatch raises a clear error on the spot instead of aborting the
+                # rank or returning wrong numbers (spec 6).
+                from autograder.runtime.agreement import CollectiveAgreement
+
+                agreement = CollectiveAgreement(store, rank)
+                with agreement:
+                    result = fn(rank, world_size, *args)  # the rank program
+                agreement.finish()
+            else:
+                result = fn(rank, world_size, *args)  # the rank program
+                store.set(_DONE.format(rank=rank), b"{}")
+            # No rank may close its connections while a peer is still using them
+            # (a fast rank exiting early makes a slow one fail with "Connection
+            # closed by peer"): wait until every rank has returned.
+            _wait_for_all_ranks_to_finish(store, world_size, timeout)
+            finished = True
+        finally:
+            # After every rank returned, gloo's connections close with the process (os._exit below):
+            # destroying the group first costs ~20 ms a rank for nothing. NCCL's communicators are
+            # destroyed, and so is any group after a failure (best effort).
+            if backend != "gloo" or not finished:
+                try:
+                    dist.destroy_process_group()
+                except Exception:  # noqa: BLE001 - best effort after a failure
+                    pass
+        buf = io.BytesIO()
+        try:
+            torch.save(result, buf)
+        except Exception as exc:  # noqa: BLE001
+            raise TypeError(
+                f"rank {rank}: the rank function returned a value that cannot be sent back "
+                f"to the caller ({type(result).__name__}): {exc}. Return tensors, numbers, "
+                f"strings, and lists/dicts/dataclasses of them."
+            ) from exc
+        tmp = os.path.join(workdir, f"rank{rank}.result.tmp")
+        with open(tmp, "wb") as f:
+            f.write(buf.getvalue())
+        os.replace(tmp, os.path.join(workdir, f"rank{rank}.result"))
+        status = 0
+    except _PeerFailed:
+        status = _EXIT_PEER_FAILED
+    except BaseException as exc:  # noqa: BLE001 - report everything, including SystemExit
+        try:
+            store.set(_FAILED.format(rank=rank), b"1")  # peers waiting at the end stop at once
+        except Exception:  # noqa: BLE001 - no store yet (failed before the rendezvous)
+            pass
+        try:
+            record = _exception_record(exc)
+        except Exception:  # noqa: BLE001 - e.g. an exception whose str() raises
+            record = {"type": type(exc).__name__, "message": "", "frames": [], "stub": "",
+                      "text": "".join(traceback.format_exception_only(type(exc), exc))}
+        try:
+            with open(os.path.join(workdir, f"rank{rank}.error"), "w") as f:
+                json.dump(record, f)
+        except OSError:
+            pass
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001
+            pass
+    os._exit(status)
+
+
+_DONE = "__rank_done/{rank}"  # autograder.runtime.agreement.DONE_KEY: each rank sets it when its program returns
+
+
+_FAILED = "__rank_failed/{rank}"
+# The exit status of a rank that returned from its program but stopped because a peer failed.
+_EXIT_PEER_FAILED = 75
+
+
+class _PeerFailed(Exception):
+    pass
+
+
+def _wait_for_all_ranks_to_finish(store, world_size: int, timeout: float) -> None:
+    """Wait (idle: from 1 ms up to 20 ms between looks) until every rank has returned from its rank program.
+
+    Raises _PeerFailed as soon as another rank reports a failure, so that this
+    rank stops at once instead of waiting for the parent to kill it.
+    """
+    done = [_DONE.format(rank=r) for r in range(world_size)]
+    failed = [_FAILED.format(rank=r) for r in range(world_size)]
+    deadline = time.monotonic() + timeout + 5.0
+    pause = 0.001
+    while not store.check(done):
+        if any(store.check([k]) for k in failed):
+            raise _PeerFailed()
+        if time.monotonic() > deadline:
+            raise TimeoutError("the other ranks did not finish their rank programs")
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.02)
+
+
+def _exception_record(exc: BaseException) -> dict:
+    """What the parent needs to explain an exception: type, message, frames (student's marked), full text."""
+    from autograder.runtime.report import STUB_LINE, describe_location, is_student_file
+
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_filename != __file__:
+            name = getattr(code, "co_qualname", code.co_name)
+            frames.append({
+                "file": code.co_filename, "line": tb.tb_lineno, "name": name,
+                "where": describe_location(code.co_filename, tb.tb_lineno, name),
+                "text": linecache.getline(code.co_filename, tb.tb_lineno).strip(),
+                "student": is_student_file(code.co_filename),
+            })
+        tb = tb.tb_next
+    stub = ""
+    mine = [f for f in frames if f["student"]]
+    if isinstance(exc, NotImplementedError) and mine and frames[-1] is mine[-1] \
+            and mine[-1]["text"] == STUB_LINE:
+        stub = mine[-1]["name"]
+    return {"type": type(exc).__name__, "message": str(exc), "frames": frames, "stub": stub,
+            "text": _format_user_traceback(exc)}
+
+
+def _format_user_traceback(exc: BaseException) -> str:
+    """The traceback without the runner's own frames (they say nothing about the bug)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def _read_tail(path: str, limit: int = _OUTPUT_TAIL_CHARS) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            data = f.read().decode("utf-8", "replace")
+        if size > limit:
+            data = f"[... {size - limit} earlier bytes not shown]\n" + data
+        return data
+    except OSError:
+        return ""
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        extra = " (segmentation fault)" if -code == signal.SIGSEGV else ""
+        return f"killed by {name}{extra}"
+    return f"exited with status {code} without returning (os._exit or sys.exit in native code?)"
+
+
+class _RankProcess:
+    """One rank: a forked multiprocessing.Process or a spawned interpreter (subprocess)."""
+
+    def __init__(self, rank, method, payload, world_size, workdir, backend, timeout, check_collectives):
+        self.rank = rank
+        if method == "fork":
+            ctx = multiprocessing.get_context("fork")
+            self._proc = ctx.Process(
+                target=_rank_main, name=f"rank{rank}", daemon=True,
+                args=(payload, rank, world_size, workdir, backend, timeout, False, check_collectives),
+            )
+            self._proc.start()
+            self._popen = None
+            self.pid = self._proc.pid
+        else:
+            # A fresh interpreter that never imports the caller's __main__ (a
+            # script without a main guard, or a notebook kernel, both work):
+            # the rank function arrives by value in payload.pkl.
+            code = "from autograder.runtime.dist import _spawn_main; _spawn_main()"
+            self._proc = None
+            self._popen = subprocess.Popen(
+                [sys.executable, "-c", code, workdir, str(rank), str(world_size), backend, str(timeout),
+                 "1" if check_collectives else "0"],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+            self.pid = self._popen.pid
+
+    @property
+    def exitcode(self):
+        if self._proc is not None:
+            return self._proc.exitcode
+        return self._popen.poll()
+
+    def kill(self):
+        """Kill the rank and every process it started (its process group), finished or not."""
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError, OSError):
+            pass
+        try:
+            if self._proc is not None:
+                if self._proc.is_alive():
+                    self._proc.kill()
+            elif self._popen.poll() is None:
+                self._popen.kill()
+        except (ProcessLookupError, OSError):
+            pass
+
+    def join(self, timeout=None):
+        if self._proc is not None:
+            self._proc.join(timeout)
+        else:
+            try:
+                self._popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def run_distributed(fn, world_size: int, *, args: tuple = (), timeout: float = 20.0,
+                    backend: str = "gloo", start_method: str | None = None,
+                    show_output: bool = False, check_collectives: bool = True) -> list:
+    """Run `fn(rank, world_size, *args)` in `world_size` processes; return their results.
+
+    The default process group is initialised in every rank (`backend`, a fresh
+    FileStore rendezvous per call). `timeout` (seconds) bounds the whole run:
+    past it every rank's Python stack is collected and all ranks are killed.
+    Raises `DistributedError` when any rank raises, crashes or hangs.
+    With `show_output=True` each rank's stdout/stderr is printed (to stdout) afterwards.
+    `start_method` is "fork" or "spawn"; by default fork on a Linux CPU, spawn elsewhere.
+    `check_collectives` fingerprints each collective across ranks (TORCH_DISTRIBUTED_DEBUG=DETAIL)
+    so that ranks calling one collective with different shapes or dtypes fail with a clear error.
+    """
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    if timeout <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout!r}")
+    method = start_method or default_start_method(backend)
+    if method not in ("fork", "spawn"):
+        raise ValueError(f"start_method must be 'fork' or 'spawn', got {method!r}")
+    if not callable(fn):
+        raise TypeError(f"run_distributed: fn must be callable, got {type(fn).__name__}")
+
+    if _EXECUTOR is not None:
+        from autograder.runtime.report import note_run
+
+        t0 = time.monotonic()
+        try:
+            return _EXECUTOR.run(fn, world_size, dict(args=tuple(args), timeout=timeout, backend=backend,
+                                                      start_method=start_method, show_output=show_output,
+                                                      check_collectives=check_collectives))
+        finally:
+            note_run(world_size, time.monotonic() - t0)
+    if check_collectives:
+        import autograder.runtime.agreement  # noqa: F401 - its imports are paid once here, not in every forked rank
+
+    workdir = tempfile.mkdtemp(prefix="autograder-dist-")
+    procs: list[_RankProcess] = []
+    try:
+        payload = (fn, tuple(args))
+        if method != "fork":
+            import cloudpickle
+
+            with open(os.path.join(workdir, "payload.pkl"), "wb") as f:
+                cloudpickle.dump((list(sys.path), cloudpickle.dumps(payload)), f)
+            payload = None
+        # Flush so buffered parent output is not duplicated into forked children.
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        t0 = time.monotonic()
+        for rank in range(world_size):
+            procs.append(_RankProcess(rank, method, payload, world_size, workdir, backend, timeout,
+                                      check_collectives))
+        try:
+            return _supervise(procs, workdir, timeout, show_output)
+        finally:
+            from autograder.runtime.report import note_run
+
+            note_run(world_size, time.monotonic() - t0)
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.join(timeout=5)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    """Whether any thread of the process is runnable (state R): computing, or waiting only for a CPU."""
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "R":
+                    return True
+    except (OSError, IndexError):
+        return False
+    return False
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system) a process has used so far; None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+    except (OSError, ValueError, IndexError):
+        pass
+    try:  # macOS and other systems without /proc
+        out = subprocess.run(["ps", "-o", "time=", "-p", str(pid)], capture_output=True, text=True,
+                             timeout=2).stdout.strip()
+        if not out:
+            return None
+        days, _, rest = out.rpartition("-")
+        parts = [float(x) for x in rest.split(":")]
+        seconds = 0.0
+        for x in parts:
+            seconds = seconds * 60 + x
+        return seconds + (int(days) * 86400 if days else 0)
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+
+
+try:
+    _CLK_TCK = os.sysconf("SC_CLK_TCK")
+except (ValueError, OSError, AttributeError):  # pragma: no cover
+    _CLK_TCK = 100
+
+
+class _IdleWatch:
+    """Tells a deadlock from a slow run: every live rank blocked, none using the CPU, for `window` seconds.
+
+    A rank waiting in a collective, a P2P receive or the runner's final wait
+    sleeps in the kernel; a rank that computes, however slowly, uses the CPU.
+    Less than `busy` CPU-seconds per second across all live ranks counts as
+    idle, and only while no thread of theirs stays runnable (two looks in a
+    row): on a loaded machine a rank that waits for a CPU is slow, not
+    deadlocked; a thread that wakes for an instant is neither.
+    """
+
+    def __init__(self, procs, window: float = DEADLOCK_IDLE_S, busy: float = 0.05, sample: float = 0.25):
+        self.procs, self.window, self.busy, self.sample = procs, window, busy, sample
+        self.history: list[tuple[float, float]] = []  # (time, total CPU seconds of the live ranks)
+        self.next_sample = 0.0
+        self.live: frozenset = frozenset()
+        self.runnable = 0  # consecutive looks at which some thread of a live rank was runnable
+
+    def deadlocked(self, now: float, live: set[int]) -> bool:
+        if now < self.next_sample:
+            return False
+        self.next_sample = now + self.sample
+        if frozenset(live) != self.live:  # a rank finished: start a new window
+            self.live, self.history = frozenset(live), []
+        total = 0.0
+        for rank in live:
+            t = _cpu_seconds(self.procs[rank].pid)
+            if t is None:
+                return False  # cannot tell: rely on the timeout
+            total += t
+        if any(_running(self.procs[rank].pid) for rank in live):
+            self.runnable += 1
+            if self.runnable >= 2:
+                # runnable at two looks in a row: computing, or waiting for a CPU: start a new window
+                self.history = []
+                return False
+        else:
+            self.runnable = 0  # a thread that woke for an instant (a timer, gloo's housekeeping) is not work
+        self.history.append((now, total))
+        while len(self.history) > 1 and now - self.history[1][0] >= self.window:
+            self.history.pop(0)
+        t0, c0 = self.history[0]
+        return now - t0 >= self.window and (total - c0) < self.busy * (now - t0)
+
+
+def _supervise(procs: list[_RankProcess], workdir: str, timeout: float, show_output: bool) -> list:
+    world_size = len(procs)
+    start = time.monotonic()
+    deadline = start + timeout
+    first_failure_at = None
+    pending = set(range(world_size))
+    failed: set[int] = set()
+    idle = _IdleWatch(procs)
+    settled = _IdleWatch(procs, window=0.3, sample=0.1)  # after a failure: are the others just waiting?
+    deadlock = False
+    poll_s = 0.002
+    while pending:
+        now = time.monotonic()
+        limit = deadline if first_failure_at is None else min(deadline, first_failure_at + _GRACE_AFTER_FAILURE_S)
+        if now >= limit:
+            break
+        for rank in sorted(pending):
+            code = procs[rank].exitcode
+            if code is None:
+                continue
+            pending.discard(rank)
+            if code != 0:
+                failed.add(rank)
+                if first_failure_at is None:
+                    first_failure_at = time.monotonic()
+        if pending and first_failure_at is None and idle.deadlocked(now, pending):
+            deadlock = True
+            break
+        if pending and first_failure_at is not None and settled.deadlocked(now, pending):
+            break  # the survivors are blocked waiting for the failed rank: no need to wait out the grace
+        if pending:
+            time.sleep(poll_s)
+            poll_s = min(poll_s * 1.5, 0.02)
+
+    stuck = sorted(pending)
+    if stuck:
+        # Ask the stuck ranks for their Python stacks, then kill them.
+        for rank in stuck:
+            try:
+                os.kill(procs[rank].pid, signal.SIGUSR1)
+            except (ProcessLookupError, OSError):
+                pass
+        # faulthandler writes from its signal handler, even in a rank blocked in C++
+        stack_deadline = time.monotonic() + _STACK_DUMP_WAIT_S
+        while time.monotonic() < stack_deadline and not all(
+                os.path.getsize(os.path.join(workdir, f"rank{r}.stack")) > 0 for r in stuck):
+            time.sleep(0.01)
+        time.sleep(0.02)  # let the last lines land
+        for rank in stuck:
+            procs[rank].kill()
+        for rank in stuck:
+            procs[rank].join(timeout=5)
+
+    def log(rank):
+        return os.path.join(workdir, f"rank{rank}.log")
+
+    if not failed and not stuck:
+        results = []
+        import torch
+
+        from autograder.runtime.plaindata import safe_load
+
+        for rank in range(world_size):
+            with open(os.path.join(workdir, f"rank{rank}.result"), "rb") as f:
+                data = f.read()
+            try:  # data only (weights_only): what a rank sends back cannot run code in the caller
+                results.append(safe_load(data))
+            except Exception as exc:  # noqa: BLE001 - an object that is not plain data
+                raise DistributedError(
+                    f"run_distributed: rank {rank} sent back something that is not plain data "
+                    f"({str(exc).splitlines()[0][:300]}). Rank programs return tensors, numbers, strings, "
+                    f"and lists, tuples and dicts of them.", []) from None
+        if show_output:
+            _print_outputs(workdir, world_size)
+        return results
+
+    failures: list[RankFailure] = []
+    for rank in range(world_size):
+        if rank in failed:
+            err = _read(os.path.join(workdir, f"rank{rank}.error"))
+            record = None
+            if err:
+                try:
+                    record = json.loads(err)
+                except ValueError:
+                    record = {"text": err, "type": "", "message": "", "frames": [], "stub": ""}
+            if procs[rank].exitcode == _EXIT_PEER_FAILED:
+                failures.append(RankFailure(rank, "killed-after-peer-failure", _RETURNED, _read_tail(log(rank))))
+            elif record:
+                failures.append(RankFailure(rank, "exception", record["text"], _read_tail(log(rank)),
+                                            exc_type=record["type"], message=record["message"],
+                                            frames=record["frames"], stub=record.get("stub", "")))
+            else:
+                detail = _describe_exit(procs[rank].exitcode)
+                stack = _read(os.path.join(workdir, f"rank{rank}.stack")).strip()
+                if stack:
+                    detail += "\n" + _filter_stack(stack)
+                failures.append(RankFailure(rank, "crash", detail, _read_tail(log(rank))))
+        elif rank in stuck:
+            kind = "timeout" if first_failure_at is None else "killed-after-peer-failure"
+            stack = _read(os.path.join(workdir, f"rank{rank}.stack")).strip() or "(no stack was written)"
+            failures.append(RankFailure(rank, kind, _filter_stack(stack), _read_tail(log(rank))))
+
+    # Root causes first (an exception or a crash that is not a consequence of a
+    # peer's failure), then deadlocked ranks, then the ranks that failed only
+    # because another did; in rank order within each (the same on every run).
+    def order(f: RankFailure):
+        if f.kind in ("exception", "crash") and not _secondary(f):
+            return 0
+        return 1 if f.kind == "timeout" else 2
+
+    failures.sort(key=lambda f: (order(f), f.rank))
+    names = ", ".join(str(r) for r in sorted(f.rank for f in failures))
+    if deadlock:
+        waited = time.monotonic() - start
+        summary = (f"run_distributed: deadlock: after {waited:.1f} s every rank still running ({names}) was "
+                   f"blocked and none had used the CPU for {DEADLOCK_IDLE_S:g} s (world size {world_size}). "
+                   f"Where each rank was waiting is below; every rank was stopped.")
+    elif first_failure_at is None:
+        summary = (f"run_distributed: timed out after {timeout:g} s with rank(s) {names} still running "
+                   f"(world size {world_size}). A deadlock, or a very slow rank? Each rank's stack is below; "
+                   f"every rank was stopped.")
+    else:
+        summary = f"run_distributed: rank(s) {names} failed (world size {world_size})."
+    if show_output:
+        _print_outputs(workdir, world_size)
+    raise DistributedError(summary, failures)
+
+
+_RUNNER_MARK = "  (rank started by autograder.runtime.dist.run_distributed)"
+
+
+def _stack_frames(stack: str) -> list[tuple[str, int, str]]:
+    """(file, line, function) of the current thread's frames in a faulthandler dump, innermost first."""
+    frames, current = [], None
+    for line in stack.splitlines():
+        if line.startswith(("Current thread", "Thread ")):
+            if current is not None and frames:
+                break
+            current = line.startswith("Current thread")
+            frames = [] if current else frames
+            continue
+        m = re.match(r'\s*File "(.*)", line (\d+) in (.*)$', line)
+        if m and current:
+            frames.append((m.group(1), int(m.group(2)), m.group(3).strip()))
+    return frames
+
+
+def _blocked_at(stack: str) -> str:
+    """`was blocked in recv (torch.distributed), called at Cell In[4], line 3, in prog`, from a faulthandler dump."""
+    from autograder.runtime.report import describe_location, is_student_file
+
+    frames = _stack_frames(stack)
+    if any(f[0] == __file__ and f[2] == "_wait_for_all_ranks_to_finish" for f in frames):
+        return _RETURNED
+    for i, (file, line, name) in enumerate(frames):
+        if is_student_file(file):
+            inner = [f for f in frames[:i] if "torch" + os.sep + "distributed" in f[0]
+                     and f[2] not in ("wrapper", "__torch_dispatch__")]
+            op = inner[-1][2] if inner else ""
+            text = linecache.getline(file, line).strip()
+            where = describe_location(file, line, name)
+            head = f"was blocked in {op} (torch.distributed), called at {where}" if op else f"was at {where}"
+            return head + (f"\n      {text}" if text else "")
+    return ""
+
+
+def _filter_stack(stack: str, student_only: bool = False) -> str:
+    """A faulthandler dump without the runner's frames; with `student_only`, where the rank was blocked."""
+    if student_only:
+        return _blocked_at(stack) or _filter_stack(stack)
+    out = []
+    for line in stack.splitlines():
+        if __file__ in line and "_rank_main" in line:
+            out.append(_RUNNER_MARK)
+            continue
+        if out and out[-1] == _RUNNER_MARK and line.startswith("  File "):
+            continue
+        out.append(line)
+    return "\n".join(out)
+
+
+def _print_outputs(workdir: str, world_size: int) -> None:
+    for rank in range(world_size):
+        text = _read_tail(os.path.join(workdir, f"rank{rank}.log"), 100_000)
+        if text.strip():
+            print(f"----- rank {rank} output -----")
+            print(text.rstrip())

@@ -1,0 +1,201 @@
+"""What a student sees when a graded test cell runs: one line when it passes, the verdict first when not.
+
+Every graded test cell of a notebook wraps its checks (the builder writes this):
+
+    with checking("Exercise 1", "f: identity forward, one all-reduce of the gradient in backward"):
+        check_mapping(copy_to_tensor_model_parallel_region, "copy_to_tensor_model_parallel_region", world_size=2)
+
+- passed: one line, what was checked, the world sizes the checks ran on, the time:
+  `✓ Exercise 1 · f: identity forward, ... — passed (world size 2, 0.4 s)`
+- a stub: `NotImplementedError: Exercise 3 is not done yet: ColumnParallelLinear.__init__ is
+  still the stub ...`, naming the exercise and the function;
+- any other failure: the same exception type, its message led by the exercise and
+  what was checked, and in IPython only that message and the student's own frames
+  (`_render_traceback_`); the course's internals are one flag away:
+  `AUTOGRADER_TRACEBACK=full` in the environment, or `show_internals(True)`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import sys
+import sysconfig
+import time
+import traceback
+from dataclasses import dataclass, field
+
+__all__ = ["checking", "show_internals", "note_run", "student_frames", "is_student_file", "describe_location"]
+
+_FULL = {"on": os.environ.get("AUTOGRADER_TRACEBACK", "").lower() == "full"}
+
+
+def show_internals(on: bool = True) -> None:
+    """Show full tracebacks, the course's own frames included (for instructors and debugging)."""
+    _FULL["on"] = bool(on)
+
+
+def internals_shown() -> bool:
+    return _FULL["on"]
+
+
+@dataclass
+class _Report:
+    label: str
+    what: str
+    runs: list = field(default_factory=list)  # (world_size, seconds)
+
+
+_current: contextvars.ContextVar[_Report | None] = contextvars.ContextVar("autograder_check", default=None)
+
+
+def note_run(world_size: int, seconds: float) -> None:
+    """Called by run_distributed: the world sizes a graded cell ran on go into its pass line."""
+    report = _current.get()
+    if report is not None:
+        report.runs.append((world_size, seconds))
+
+
+# -- which frames are the student's -------------------------------------------------------------
+
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the whole autograder package
+_LIB_DIRS = tuple({os.path.abspath(p) for p in (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
+                                               sysconfig.get_paths()["platlib"])})
+
+
+def is_student_file(filename: str) -> bool:
+    """A notebook cell or the student's own file: not the course package, not torch, not the standard library."""
+    if not filename or filename.startswith("<frozen"):
+        return False
+    if filename.startswith("<"):  # "<cell ...>", "<ipython-input-...>", "<string>"
+        return True
+    path = os.path.abspath(filename)
+    if path.startswith(_PKG_DIR + os.sep):
+        return False
+    return not any(path.startswith(d + os.sep) for d in _LIB_DIRS)
+
+
+def describe_location(filename: str, lineno: int, name: str) -> str:
+    """`Cell In[5], line 12, in forward` for a notebook cell (as IPython names it), `file.py:12, in forward` else."""
+    label = None
+    try:
+        # Only where IPython is already loaded (a kernel, and the ranks forked from it): importing it
+        # costs ~60 ms, in every rank that reports a call site.
+        ipython = sys.modules.get("IPython")
+        ip = ipython.get_ipython() if ipython is not None else None
+        if ip is not None:
+            label = ip.compile.format_code_name(filename)
+    except Exception:  # noqa: BLE001 - no IPython, or an older one: fall back to the file name
+        label = None
+    if label:
+        return f"{label[0]} {label[1]}, line {lineno}, in {name}"
+    if filename.startswith("<"):
+        return f"{filename}, line {lineno}, in {name}"
+    return f"{os.path.basename(filename)}:{lineno}, in {name}"
+
+
+def student_frames(tb) -> list[traceback.FrameSummary]:
+    """The frames of a traceback that are in the student's code, outermost first."""
+    return [fs for fs in traceback.extract_tb(tb) if is_student_file(fs.filename)]
+
+
+def _qualname(tb) -> str:
+    """`Class.method` of the innermost student frame of a traceback (Python >= 3.11 knows it)."""
+    name = ""
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if is_student_file(code.co_filename):
+            name = getattr(code, "co_qualname", code.co_name)
+        tb = tb.tb_next
+    return name
+
+
+# The last line of every released stub (nbgrader_config.py's code_stub).
+STUB_LINE = "raise NotImplementedError()"
+
+
+def _stub_name(exc: BaseException) -> str | None:
+    """The student function that is still a stub, if `exc` comes from one; None otherwise."""
+    if hasattr(exc, "failures"):  # a DistributedError: every rank that raised is stuck in a stub
+        return getattr(exc, "stub", "") or None
+    if getattr(exc, "record", None) is not None:  # raised by the student's code in the trusted grader's zygote
+        return getattr(exc, "stub", "") or None
+    if isinstance(exc, NotImplementedError):
+        frames = student_frames(exc.__traceback__)
+        if frames and (frames[-1].line or "").strip() == STUB_LINE:
+            return _qualname(exc.__traceback__) or frames[-1].name
+    return None
+
+
+def _render(exc: BaseException, text: str) -> list[str]:
+    """The lines IPython shows for a failed graded cell: the verdict, then the student's own frames.
+
+    The test cell's own frame (the outermost) is left out: it is the check's
+    call, not the student's code. Frames of the course's checks and of torch
+    are left out too (`show_internals` shows everything).
+    """
+    lines = [f"{type(exc).__name__}: {text}"]
+    frames = student_frames(exc.__traceback__)[1:]
+    if frames:
+        lines.append("")
+        lines.append("In your code (innermost last):")
+        for fs in frames:
+            lines.append(f"  {describe_location(fs.filename, fs.lineno, fs.name)}")
+            if fs.line:
+                lines.append(f"    {fs.line.strip()}")
+    return lines
+
+
+def _attach_rendering(exc: BaseException, text: str) -> None:
+    if internals_shown():
+        return
+    try:
+        exc._render_traceback_ = lambda: _render(exc, text)
+    except (AttributeError, TypeError):  # an exception type without a __dict__
+        pass
+
+
+def _ran_on(runs) -> str:
+    sizes = sorted({w for w, _ in runs})
+    if not sizes:
+        return ""
+    word = "world size" if len(sizes) == 1 else "world sizes"
+    return f"{word} {', '.join(str(s) for s in sizes)}"
+
+
+@contextlib.contextmanager
+def checking(label: str, what: str):
+    """A graded cell: print one line on success; on failure re-raise with the exercise and the verdict first."""
+    what = what.strip().rstrip(".")
+    report = _Report(label, what)
+    token = _current.set(report)
+    t0 = time.perf_counter()
+    try:
+        yield report
+    except BaseException as exc:  # noqa: BLE001 - re-raised below, never swallowed
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        stub = _stub_name(exc)
+        if stub is not None:
+            text = (f"{label} is not done yet: {stub} is still the stub (it raises NotImplementedError). "
+                    f"Implement it in the answer cell of {label}, run that cell, then run this one again.")
+            new = NotImplementedError(text)
+            _attach_rendering(new, text)
+            raise new from None
+        text = f"{label} · {what}: FAILED\n{exc}"
+        try:
+            exc.args = (text,)
+        except (AttributeError, TypeError):
+            pass
+        if str(exc) != text:  # an exception type whose str() ignores args: say it in a note
+            text = f"{label} · {what}: FAILED\n{exc}"
+        _attach_rendering(exc, text)
+        raise
+    finally:
+        _current.reset(token)
+    seconds = time.perf_counter() - t0
+    ran = _ran_on(report.runs)
+    detail = f"{ran}, {seconds:.1f} s" if ran else f"{seconds:.1f} s"
+    print(f"\u2713 {label} \u00b7 {what} \u2014 passed ({detail})")
+    sys.stdout.flush()

@@ -1,0 +1,164 @@
+"""Plausible wrong implementations of assignment 06 (the capstone), kept as tests.
+
+Each mutant edits one answer cell of source/06_composition/composition_lab.ipynb;
+`must_fail` is exactly the set of graded cells it fails (tests/test_composition_notebook.py
+runs them). The demo mutant (`make demo`) counts the norm scales once per TP rank in the
+gradient norm: partial credit, the norm and the clipped training both wrong.
+"""
+
+from solutions.submissions import mutant
+
+MUTANTS = [
+    # -- exercise 1: rank_layout ------------------------------------------------------
+    mutant(
+        "layout_outer_dimension_fastest", "rank_layout",
+        [("offsets = [o + i * strides[d] for i in range(sizes[d]) for o in offsets]",
+          "offsets = [o + i * strides[d] for o in offsets for i in range(sizes[d])]")],
+        must_fail={"test_rank_layout", "test_rank_layout_expert"},
+        why="groups and ranks enumerated with the last dimension varying fastest: the right sets, "
+            "in an order that is not Megatron's",
+    ),
+    mutant(
+        "layout_no_pp_last_rule", "rank_layout",
+        [("if moe and not (order.lower().endswith(\"pp\") or pp == 1 or edp == dp):",
+          "if False:")],
+        must_fail={"test_rank_layout_errors"},
+        why="an order that does not end in pp accepted while attention and experts have different DP sizes",
+    ),
+    # -- exercise 2: groups and mesh ----------------------------------------------------
+    mutant(
+        "groups_my_group_first", "process_groups",
+        [("for ranks in layout[name]:", "for ranks in sorted(layout[name], key=lambda g: rank not in g):")],
+        must_fail={"test_process_groups"},
+        why="each rank creates its own group of a dimension first: ranks call new_group in different "
+            "orders and hang (reported with every rank's line, in seconds)",
+    ),
+    mutant(
+        "mesh_not_reversed", "process_groups",
+        [("names = tuple(reversed(tokens))  # outermost first", "names = tuple(tokens)  # outermost first")],
+        must_fail={"test_device_mesh"},
+        why="the order's tokens taken as the mesh's dimensions as they are: the DeviceMesh's last "
+            "dimension is its innermost, so TP and DP swap places",
+    ),
+    # -- exercise 3: data ------------------------------------------------------------------
+    mutant(
+        "batch_by_global_rank", "local_batch",
+        [('d, D = _mesh_coordinate(mesh, "dp")',
+          'D = _mesh_coordinate(mesh, "dp")[1]\n    d = dist.get_rank() % D')],
+        must_fail={"test_local_batch", "test_dp_tp_training", "test_pipeline_training"},
+        why="the DP slice picked with the global rank: the ranks of a TP group get different data",
+    ),
+    mutant(
+        "batch_cp_contiguous", "local_batch",
+        [("positions = torch.cat([chunks[c], chunks[2 * C - 1 - c]])", "positions = positions.chunk(C)[c]")],
+        must_fail={"test_local_batch"},
+        why="contiguous CP chunks instead of Megatron's zigzag: the last CP rank does all the causal work",
+    ),
+    # -- exercises 4-5: TP plan and FSDP ---------------------------------------------------------
+    mutant(
+        "tp_colwise_rowwise_swapped", "tensor_parallel",
+        [('"feed_forward.w1": ColwiseParallel(),', '"feed_forward.w1": RowwiseParallel(),'),
+         ('"feed_forward.w3": ColwiseParallel(),', '"feed_forward.w3": RowwiseParallel(),'),
+         ('"feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),',
+          '"feed_forward.w2": ColwiseParallel(output_layouts=Shard(1)),')],
+        must_fail={"test_tensor_parallel_plan"},
+        why="the MLP's plan with ColwiseParallel and RowwiseParallel swapped: DTensor redistributes, so the "
+            "numbers stay right (training passes), but the weights are sharded the other way and forward "
+            "all-reduces the [b, s, ffn] activation",
+    ),
+    mutant(
+        "tp_head_left_untied", "tensor_parallel",
+        [("model.output.weight = model.tok_embeddings.weight  # parallelize_module untied them",
+          "pass  # parallelize_module untied them")],
+        must_fail={"test_tensor_parallel_plan", "test_dp_tp_training"},
+        why="the head not tied again after parallelize_module: two parameters that drift apart",
+    ),
+    mutant(
+        "fsdp_root_only", "fsdp",
+        [("        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)\n", "        pass\n")],
+        must_fail={"test_dp_tp_training"},
+        why="fully_shard on the root only: right numbers, but the whole model is one FSDP unit "
+            "(all of it gathered at once)",
+    ),
+    # -- exercise 6: the loss ------------------------------------------------------------------------
+    mutant(
+        "logged_loss_averaged_twice", "losses",
+        [("dist.all_reduce(local, op=dist.ReduceOp.AVG, group=dp_group)",
+          "dist.all_reduce(local, op=dist.ReduceOp.AVG, group=dp_group)\n    local = local / dp_group.size()")],
+        must_fail={"test_loss_averaging", "test_pipeline_training"},
+        why="the logged loss averaged over the DP ranks twice",
+    ),
+    mutant(
+        "loss_divided_by_world", "losses",
+        [("return F.cross_entropy(logits.flatten(0, 1), labels.flatten())",
+          "return F.cross_entropy(logits.flatten(0, 1), labels.flatten()) / dist.get_world_size()")],
+        must_fail={"test_loss_averaging", "test_pipeline_training"},
+        why="the micro-batch loss divided by the number of ranks, although FSDP already averages over DP",
+    ),
+    # -- exercise 7: the tied embedding -----------------------------------------------------------------
+    mutant(
+        "tied_grads_allreduce_a_copy", "tied_embedding",
+        [("local = grad.to_local() if isinstance(grad, DTensor) else grad",
+          "local = grad.full_tensor() if isinstance(grad, DTensor) else grad.clone()")],
+        must_fail={"test_tied_embedding_grads", "test_pipeline_training"},
+        why="the all-reduce sums a gathered copy that is then dropped: each stage updates its copy of the "
+            "tied weight with its own half of the gradient",
+    ),
+    # -- exercise 8: clipping ------------------------------------------------------------------------------
+    mutant(
+        "norm_replicas_counted_t_times", "clip_grad_norm",
+        [("replica = any(isinstance(pl, Replicate) and c != 0 for pl, c in zip(grad.placements, coordinate))",
+          "replica = False")],
+        must_fail={"test_clip_grad_norm", "test_pipeline_training"},
+        why="replicated norm scales summed on every TP rank: counted t times in the norm",
+        demo=True,
+    ),
+    mutant(
+        "clip_per_stage", "clip_grad_norm",
+        [("dist.all_reduce(squares, op=dist.ReduceOp.SUM, group=pp_group)  # + the other stages",
+          "pass  # + the other stages")],
+        must_fail={"test_clip_grad_norm", "test_pipeline_training"},
+        why="each pipeline stage clipped by its own norm (what clip_grad_norm_ on a stage returns)",
+    ),
+    mutant(
+        "tied_copy_counted_twice", "clip_grad_norm",
+        [('if getattr(p, "shared", False) or replica:', "if replica:")],
+        must_fail={"test_clip_grad_norm", "test_pipeline_training"},
+        why="the tied head's copy on the last stage counted in the norm as well as the embedding",
+    ),
+    # -- exercise 9: the pipeline ------------------------------------------------------------------------
+    mutant(
+        "pipeline_layers_interleaved", "pipeline",
+        [("keep = {str(i) for i in range(pp_rank * per_stage, (pp_rank + 1) * per_stage)}",
+          "keep = {str(i) for i in range(pp_rank, n_layers, pp_size)}")],
+        must_fail={"test_pipeline_training"},
+        why="layers dealt round-robin to the stages (0, 2 | 1, 3): the stages run the layers out of order",
+    ),
+    # -- exercises 10-12: the planner -----------------------------------------------------------------
+    mutant(
+        "memory_zero_over_dp_only", "planner_memory",
+        [("d = layout.dp * layout.cp", "d = layout.dp")],
+        must_fail={"test_memory_per_gpu"},
+        why="ZeRO shards over the DP ranks only, although the CP ranks hold the same weights",
+    ),
+    mutant(
+        "memory_every_microbatch_in_flight", "planner_memory",
+        [("in_flight = min(layout.pp - s, m)", "in_flight = m")],
+        must_fail={"test_memory_per_gpu", "test_plan_published"},
+        why="every micro-batch kept in flight (GPipe's memory), not 1F1B's min(pp - stage, m): a published "
+            "layout no longer fits",
+    ),
+    mutant(
+        "time_bubble_over_pp", "planner_time",
+        [("bubble = compute * (layout.pp - 1) / m", "bubble = compute * (layout.pp - 1) / layout.pp")],
+        must_fail={"test_step_time"},
+        why="the bubble as a fraction of the stages, not of the micro-batches",
+    ),
+    mutant(
+        "best_layouts_least_memory_first", "planner_search",
+        [('found.sort(key=lambda p: (p.time["total"], p.memory["total"]))',
+          'found.sort(key=lambda p: (p.memory["total"], p.time["total"]))')],
+        must_fail={"test_best_layouts"},
+        why="candidates ranked by memory instead of step time",
+    ),
+]

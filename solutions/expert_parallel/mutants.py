@@ -1,0 +1,142 @@
+"""Plausible wrong implementations of assignment 05 (expert parallelism), kept as tests.
+
+Each mutant edits one answer cell of source/05_expert_parallel/expert_parallel_lab.ipynb;
+`must_fail` is exactly the set of graded cells it fails (tests/test_expert_parallel_notebook.py
+runs them). The demo mutant (`make demo`) runs the all-to-all's backward with the
+forward's splits: partial credit.
+"""
+
+from solutions.submissions import mutant
+
+LAYER_CELLS = ("test_moe_layer", "test_moe_capacity")
+
+MUTANTS = [
+    # -- the issue's list ------------------------------------------------------------
+    mutant(
+        "a2a_splits_swapped_forward", "all_to_all",
+        [("output_split_sizes=output_split_sizes,\n                               "
+          "input_split_sizes=input_split_sizes, group=group)",
+          "output_split_sizes=input_split_sizes,\n                               "
+          "input_split_sizes=output_split_sizes, group=group)")],
+        must_fail={"test_all_to_all", "test_dispatch", "test_combine", "test_dispatcher_communication", *LAYER_CELLS},
+        why="input and output split sizes swapped in the forward all-to-all",
+    ),
+    mutant(
+        "counts_not_exchanged", "dispatcher",
+        [("counts = exchange_token_counts(num_local_tokens_per_expert, group=self.ep_group)  # [w, E/w]",
+          "counts = num_local_tokens_per_expert.view(w, local)  # [w, E/w]")],
+        must_fail={"test_dispatch", "test_combine", "test_dispatcher_communication", *LAYER_CELLS},
+        why="no count exchange: each rank assumes it receives from rank s what it sends to rank s",
+    ),
+    mutant(
+        "permute_unstable_sort", "permutation",
+        [("torch.argsort(expert_ids, stable=True)", "torch.argsort(expert_ids, stable=False)")],
+        must_fail={"test_permute", "test_dispatch", "test_combine", *LAYER_CELLS},
+        why="an unstable sort: the tokens of one expert come out of order (and unpermute's weights no longer match)",
+    ),
+    mutant(
+        "probs_applied_twice", "permutation",
+        [("permuted_tokens = permuted_tokens * permuted_probs.unsqueeze(-1)  # [N, h]",
+          "permuted_tokens = permuted_tokens * permuted_probs.unsqueeze(-1) ** 2  # [N, h]")],
+        must_fail={"test_unpermute", "test_combine", *LAYER_CELLS},
+        why="the probabilities are applied twice (squared)",
+    ),
+    mutant(
+        "probs_never_applied", "dispatcher",
+        [('output = unpermute(x, st["sorted_indices"], st["probs"], st["routing_map"])  # [T, h]',
+          'output = unpermute(x, st["sorted_indices"], None, st["routing_map"])  # [T, h]')],
+        must_fail={"test_combine", *LAYER_CELLS},
+        why="combine sums the expert outputs without weighting them by the probabilities",
+    ),
+    mutant(
+        "combine_wrong_positions", "dispatcher",
+        [('x = sort_chunks_by_idxs(expert_output, counts.t().reshape(-1).tolist(), to_source_major)',
+          'x = sort_chunks_by_idxs(expert_output, counts.reshape(-1).tolist(), to_source_major)')],
+        must_fail={"test_combine", *LAYER_CELLS},
+        why="combine cuts the expert-major rows with the source-major chunk sizes: outputs summed into wrong tokens",
+    ),
+    mutant(
+        "a2a_backward_same_splits", "all_to_all",
+        [("_AllToAll.apply(grad_output, ctx.input_split_sizes, ctx.output_split_sizes, ctx.group)",
+          "_AllToAll.apply(grad_output, ctx.output_split_sizes, ctx.input_split_sizes, ctx.group)")],
+        must_fail={"test_all_to_all", "test_combine", "test_dispatcher_communication", *LAYER_CELLS},
+        why="the backward all-to-all reuses the forward's splits instead of swapping them",
+        demo=True,
+    ),
+    mutant(
+        "router_probs_detached", "moe_layer",
+        [("probs, routing_map = topk_router(logits, k=self.k)",
+          "probs, routing_map = topk_router(logits.detach(), k=self.k)")],
+        must_fail=set(LAYER_CELLS),
+        why="the probabilities are computed from detached logits: the router learns only from the aux loss",
+    ),
+    mutant(
+        "capacity_drops_highest", "token_dropping",
+        [('scores = probs.detach().masked_fill(~routing_map, float("-inf"))',
+          'scores = probs.detach().masked_fill(~routing_map, float("inf"))'),
+         ("descending=True, stable=True", "descending=False, stable=True")],
+        must_fail={"test_token_dropping", "test_moe_capacity"},
+        why="capacity keeps the lowest-probability tokens (drops the highest)",
+    ),
+    mutant(
+        "dispatch_source_major", "dispatcher",
+        [("expert_input = sort_chunks_by_idxs(received, counts.reshape(-1).tolist(), to_expert_major)",
+          "expert_input = received"),
+         ('x = sort_chunks_by_idxs(expert_output, counts.t().reshape(-1).tolist(), to_source_major)',
+          "x = expert_output")],
+        must_fail={"test_dispatch", *LAYER_CELLS},
+        why="local experts' rows left source-major: expert e gets other experts' tokens (the round trip still works)",
+    ),
+    # -- more ways to be wrong ---------------------------------------------------------
+    mutant(
+        "router_torch_topk", "router",
+        [("top_indices = torch.sort(logits, dim=-1, descending=True, stable=True).indices[:, :k]  # [T, k]",
+          "top_indices = torch.topk(logits, k, dim=-1).indices  # [T, k]")],
+        must_fail={"test_topk_router", "test_moe_layer"},
+        why="torch.topk: ties are not broken toward the lower expert index",
+    ),
+    mutant(
+        "router_probs_no_grad", "router",
+        [("top_probs = torch.softmax(logits.gather(1, top_indices).to(compute_dtype), dim=-1)  # [T, k]",
+          "top_probs = torch.softmax(logits.detach().gather(1, top_indices).to(compute_dtype), dim=-1)  # [T, k]")],
+        must_fail={"test_topk_router", *LAYER_CELLS},
+        why="the router's probabilities are built from detached logits",
+    ),
+    mutant(
+        "aux_loss_softmax_over_topk", "router",
+        [("scores = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)  # [T, E]",
+          "scores = topk_router(logits, k=k)[0]  # [T, E]")],
+        must_fail={"test_load_balancing_loss", *LAYER_CELLS},
+        why="the aux loss uses the top-k probabilities instead of the softmax over all experts",
+    ),
+    mutant(
+        "unpermute_overwrites", "permutation",
+        [("return output.index_add(0, sorted_indices, permuted_tokens)",
+          "return output.index_copy(0, sorted_indices, permuted_tokens)")],
+        must_fail={"test_unpermute", "test_combine", *LAYER_CELLS},
+        why="the k copies of a token overwrite each other instead of being summed",
+    ),
+    mutant(
+        "aux_counts_after_drop", "moe_layer",
+        [("        aux_loss = load_balancing_loss(logits, routing_map, k=self.k)  # counts before any drop, as Megatron\n",
+          ""),
+         ("        expert_input, tokens_per_expert = self.token_dispatcher.dispatch(",
+          "        aux_loss = load_balancing_loss(logits, routing_map, k=self.k)\n"
+          "        expert_input, tokens_per_expert = self.token_dispatcher.dispatch(")],
+        must_fail={"test_moe_capacity"},
+        why="the aux loss counts the tokens after capacity drops (Megatron counts before)",
+    ),
+    mutant(
+        "moe_global_rank", "moe_layer",
+        [('size, rank = _group_size_rank(ep_group, "MoELayer")',
+          'size, _ = _group_size_rank(ep_group, "MoELayer")\n        rank = dist.get_rank()')],
+        must_fail=set(LAYER_CELLS),
+        why="local experts chosen by the global rank: wrong on an EP group that is a subgroup",
+    ),
+    mutant(
+        "a2a_no_split_check", "all_to_all",
+        [("    if sum(input_split_sizes) != input_.shape[0]:\n", "    if False:\n")],
+        must_fail={"test_argument_errors"},
+        why="input_split_sizes that do not cover the input are not rejected",
+    ),
+]
