@@ -73,6 +73,40 @@ def test_release_has_stubs_and_no_solution_or_hidden_test_text(assignment):
     assert not leaked, f"secret lines in {release_path}: {leaked[:5]}"
 
 
+@pytest.mark.parametrize("assignment", assignments())
+def test_every_statement_of_every_graded_cell_can_run(assignment):
+    """No statement of a test cell (hidden tests included) or an answer cell sits after a return, raise,
+    continue or break, and no hidden-test block lands inside a function (06's hidden layout checks once did:
+    a helper at column 0 joined with checks indented by four; 21 points graded by the visible cases alone)."""
+    from autograder.authoring.nbbuild import unreachable_statements
+
+    source = nbformat.read(submissions.notebook_path("source", assignment), as_version=4)
+    dead = {}
+    for cell in source.cells:
+        meta = _meta(cell)
+        if cell.cell_type == "code" and (meta.get("grade") or meta.get("solution")):
+            found = unreachable_statements(cell.source)
+            if found:
+                dead[meta["grade_id"]] = [why for _, why in found]
+    assert not dead, dead
+
+
+def test_the_unreachable_statement_finder_finds_them():
+    from autograder.authoring.nbbuild import unreachable_statements
+
+    helper_joined = ("with checking('Exercise 1', 'x'):\n    check(1)\n    ### BEGIN HIDDEN TESTS\n"
+                     "    def _helper():\n        return 1\n        check(2)\n    ### END HIDDEN TESTS\n")
+    assert [line for line, _ in unreachable_statements(helper_joined)] == [6]
+    inside_visible_helper = ("with checking('Exercise 1', 'x'):\n    def _helper():\n        return 1\n"
+                             "    ### BEGIN HIDDEN TESTS\n        check(2)\n    ### END HIDDEN TESTS\n")
+    assert [line for line, _ in unreachable_statements(inside_visible_helper)] == [4, 5]
+    loop = "for i in range(3):\n    if i:\n        continue\n        print(i)\n    break\nprint('done')\n"
+    assert [line for line, _ in unreachable_statements(loop)] == [4]
+    fine = ("def f(x):\n    if x:\n        return 1\n    return 2\n"
+            "try:\n    f(1)\nexcept ValueError:\n    raise\nfinally:\n    pass\n")
+    assert unreachable_statements(fine) == []
+
+
 @pytest.fixture(scope="module")
 def student_package(tmp_path_factory):
     """The autograder wheel, as the instructor ships it, in a fresh environment.

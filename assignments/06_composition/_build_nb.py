@@ -13,6 +13,7 @@ tests/test_composition_solutions.py against Megatron's own published examples.
 
 import os
 import sys
+import textwrap
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
@@ -29,6 +30,8 @@ OUT = os.path.join(ROOT, "source", ASSIGNMENT, "composition_lab.ipynb")
 
 # Hidden-test helper: Megatron's groups built another way than the reference solution (which sums strides):
 # the ranks as an n-d grid (outermost dimension first), the unselected axes moved to the front, reshaped.
+# Indented as the checks it is joined with (`hidden=_INDEPENDENT_LAYOUT + """\n    check...`), so that they stay
+# outside its functions (the builder refuses a test cell with statements that never run).
 _INDEPENDENT_LAYOUT = """
 def _grid_groups(world, sizes, tokens, selected):
     grid = torch.arange(world).reshape([sizes[t] for t in reversed(tokens)])  # outermost first
@@ -37,10 +40,10 @@ def _grid_groups(world, sizes, tokens, selected):
     inner = [axis[t] for t in reversed(tokens) if t in selected]
     return grid.permute(outer + inner).reshape(-1, math.prod(sizes[t] for t in selected)).tolist()
 
-def _expected_layout(world, tp=1, cp=1, pp=1, ep=1, etp=None, order="tp-cp-ep-dp-pp"):
+def _expected_layout(world, tp=1, cp=1, pp=1, ep=1, etp=None, dp=None, order="tp-cp-ep-dp-pp"):
     etp = etp or tp
     tokens = order.split("-") + [t for t in ("tp", "cp", "ep", "dp", "pp") if t not in order.split("-")]
-    dense = {"tp": tp, "cp": cp, "ep": 1, "dp": world // (tp * cp * pp), "pp": pp}
+    dense = {"tp": tp, "cp": cp, "ep": 1, "dp": dp or world // (tp * cp * pp), "pp": pp}
     expert = {"tp": etp, "cp": 1, "ep": ep, "dp": world // (etp * ep * pp), "pp": pp}
     d = lambda sel: _grid_groups(world, dense, tokens, set(sel.split("-")))
     e = lambda sel: _grid_groups(world, expert, tokens, set(sel.split("-")))
@@ -48,6 +51,7 @@ def _expected_layout(world, tp=1, cp=1, pp=1, ep=1, etp=None, order="tp-cp-ep-dp
             "ep": e("ep"), "etp": e("tp"), "edp": e("dp"),
             "embedding": [[g[0], g[-1]] if len(g) > 1 else [g[0]] for g in d("pp")]}
 """
+_INDEPENDENT_LAYOUT = textwrap.indent(_INDEPENDENT_LAYOUT, "    ")
 
 # Megatron-LM's own example (megatron/core/parallel_state.py, initialize_model_parallel's docstring):
 # 16 GPUs, TP 2, PP 4 (so DP 2), the default order tp-cp-ep-dp-pp.
@@ -219,7 +223,10 @@ def build() -> NotebookBuilder:
     for world, sizes in [(16, dict(tp=2, cp=2, pp=2)), (24, dict(tp=2, cp=3, pp=2)), (32, dict(tp=4, cp=2, pp=2)),
                          (16, dict(tp=2, cp=2, pp=2, order="tp-cp-pp-dp")), (24, dict(tp=3, pp=4, order="tp-pp-dp")),
                          (12, dict(cp=2, pp=3, order="tp-cp-dp-pp")), (8, dict()), (6, dict(pp=6)),
-                         (32, dict(tp=2, cp=4, pp=2, order="tp-dp-cp-pp"))]:
+                         (32, dict(tp=2, cp=4, pp=2, order="tp-dp-cp-pp")),
+                         # CP > 1 without PP: dp = world / (tp * cp), one-rank embedding groups
+                         (8, dict(tp=2, cp=2)), (12, dict(cp=3, order="tp-cp-dp-pp")),
+                         (16, dict(tp=2, cp=4, order="tp-cp-pp-dp")), (8, dict(cp=2, dp=4))]:
         want = _expected_layout(world, **sizes)
         check_rank_layout(rank_layout, world, expected={k: want[k] for k in ("tp", "cp", "pp", "dp", "dp_cp", "tp_pp",
                                                                               "embedding")}, **sizes)
@@ -235,7 +242,8 @@ def build() -> NotebookBuilder:
     """, hidden=_INDEPENDENT_LAYOUT + """
     for world, sizes in [(16, dict(tp=2, pp=2, ep=4, etp=1)), (16, dict(tp=4, ep=2)), (32, dict(tp=2, cp=2, pp=2, ep=4)),
                          (16, dict(tp=2, pp=2, ep=2, etp=2)), (24, dict(tp=2, pp=3, ep=2, etp=1)),
-                         (16, dict(tp=2, cp=2, pp=2, ep=2, etp=1, order="tp-cp-ep-pp-dp"))]:
+                         (16, dict(tp=2, cp=2, pp=2, ep=4, etp=1, order="tp-cp-ep-pp-dp")),
+                         (8, dict(tp=2, cp=2, ep=2, etp=1)), (8, dict(tp=2, cp=2, ep=4, etp=1, order="tp-cp-ep-dp-pp"))]:
         want = _expected_layout(world, **sizes)
         check_rank_layout(rank_layout, world, expected={k: want[k] for k in ("ep", "etp", "edp", "pp")}, **sizes)
     """)
@@ -300,6 +308,8 @@ def build() -> NotebookBuilder:
     """, hidden=_INDEPENDENT_LAYOUT + """
     check_process_groups(build_process_groups, _expected_layout(8, tp=2, cp=2, pp=2, ep=2, etp=1), world_size=8)
     check_process_groups(build_process_groups, {"pp": [[0, 1, 2]], "embedding": [[0, 2]]}, world_size=3)
+    want = _expected_layout(4, cp=2)  # CP without PP: one-rank embedding groups
+    check_process_groups(build_process_groups, {k: want[k] for k in ("cp", "dp", "dp_cp", "embedding")}, world_size=4)
     """)
     nb.test("test_device_mesh", 4, doc="The mesh's dimensions are the order reversed and each one is rank_layout's group.",
             visible="""
@@ -310,6 +320,9 @@ def build() -> NotebookBuilder:
     """, hidden=_INDEPENDENT_LAYOUT + """
     want = _expected_layout(8, tp=2, cp=2, pp=2, order="tp-cp-dp-pp")
     check_device_mesh(build_device_mesh, world_size=8, order="tp-cp-dp-pp", tp=2, cp=2, pp=2, dp=1,
+                      expected={k: want[k] for k in ("tp", "cp", "pp", "dp")})
+    want = _expected_layout(8, tp=2, cp=2, order="tp-cp-pp-dp")  # CP without PP
+    check_device_mesh(build_device_mesh, world_size=8, order="tp-cp-pp-dp", tp=2, cp=2, dp=2,
                       expected={k: want[k] for k in ("tp", "cp", "pp", "dp")})
     """)
     nb.code("""

@@ -25,7 +25,7 @@ import textwrap
 import nbformat
 from nbformat import v4
 
-__all__ = ["NotebookBuilder", "source_of"]
+__all__ = ["NotebookBuilder", "source_of", "unreachable_statements"]
 
 SCHEMA_VERSION = 3
 
@@ -58,6 +58,42 @@ def source_of(module, *names: str) -> str:
     if missing:
         raise KeyError(f"{module.__name__} ({path}) has no top-level {', '.join(missing)}")
     return "\n\n\n".join(found[n] for n in names)
+
+
+_TERMINAL = (ast.Return, ast.Raise, ast.Continue, ast.Break)
+
+
+def unreachable_statements(source: str) -> list[tuple[int, str]]:
+    """(line, why) of every statement of a cell that can never run.
+
+    - a statement after `return`, `raise`, `continue` or `break` in the same block;
+    - a hidden-test block (between `### BEGIN HIDDEN TESTS` and `### END HIDDEN TESTS`) whose code lands
+      inside a `def` or `class` that starts before the block (a helper written at column 0 joined with
+      checks indented by four: the checks become the helper's body, after its `return`).
+    """
+    tree = ast.parse(source)
+    found = []
+    for node in ast.walk(tree):
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            block = getattr(node, field, None)
+            if not isinstance(block, list):
+                continue
+            for i, stmt in enumerate(block[:-1]):
+                if isinstance(stmt, _TERMINAL):
+                    nxt = block[i + 1]
+                    found.append((nxt.lineno, f"line {nxt.lineno} comes after the "
+                                              f"`{type(stmt).__name__.lower()}` of line {stmt.lineno}"))
+                    break
+    lines = source.splitlines()
+    begins = [i + 1 for i, line in enumerate(lines) if "### BEGIN HIDDEN TESTS" in line]
+    ends = [i + 1 for i, line in enumerate(lines) if "### END HIDDEN TESTS" in line]
+    for begin, end in zip(begins, ends):
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
+                    and node.lineno < begin < node.end_lineno:
+                found.append((begin, f"the hidden tests of lines {begin}-{end} are inside `{node.name}` "
+                                     f"(line {node.lineno}): they run only if it is called"))
+    return sorted(set(found))
 
 
 def _imports_checking(source: str) -> bool:
@@ -165,6 +201,9 @@ class NotebookBuilder:
             body += ["### BEGIN HIDDEN TESTS", textwrap.dedent(hidden).strip("\n"), "### END HIDDEN TESTS"]
         inner = textwrap.indent("\n".join(p for p in body if p), "    ")
         source = f"with checking({label!r}, {doc!r}):\n{inner}"
+        dead = unreachable_statements(source)
+        if dead:
+            raise ValueError(f"test {grade_id!r}: statements that never run: {'; '.join(w for _, w in dead)}")
         # `raises-exception`: "Run All" goes on past a failing test, so one run shows every exercise's state
         cell = v4.new_code_cell(source, metadata={**self._meta(grade_id=grade_id, grade=True, locked=True,
                                                              points=points), "tags": ["raises-exception"]})

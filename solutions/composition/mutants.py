@@ -25,6 +25,27 @@ MUTANTS = [
         must_fail={"test_rank_layout_errors"},
         why="an order that does not end in pp accepted while attention and experts have different DP sizes",
     ),
+    mutant(
+        "layout_dp_ignores_cp", "rank_layout",
+        [("        dp = world_size // model\n", "        dp = world_size // (tp * pp)\n")],
+        must_fail={"test_rank_layout", "test_rank_layout_expert"},
+        why="the default DP size left CP out (world / (tp * pp)): right without CP, wrong groups with it",
+    ),
+    mutant(
+        "layout_embedding_pair_at_pp1", "rank_layout",
+        [('layout["embedding"] = [[g[0], g[-1]] if len(g) > 1 else [g[0]] for g in layout["pp"]]',
+          'layout["embedding"] = [[g[0], g[-1]] for g in layout["pp"]]')],
+        must_fail={"test_rank_layout"},
+        why="the embedding group of a one-stage pipeline as [r, r] (first and last rank, the same one): "
+            "Megatron's is [r]",
+    ),
+    mutant(
+        "layout_dense_order_rejected", "rank_layout",
+        [("moe = ep > 1 or etp != tp  # a dense model", "moe = True  # a dense model")],
+        must_fail={"test_rank_layout"},
+        why="Megatron's expert-order checks applied to a dense model too: the course's order tp-cp-pp-dp "
+            "with CP and PP rejected",
+    ),
     # -- exercise 2: groups and mesh ----------------------------------------------------
     mutant(
         "groups_my_group_first", "process_groups",
