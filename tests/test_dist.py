@@ -6,6 +6,8 @@ Each fault must end within its bound, say which rank failed and how, keep the
 ranks' output off the caller's stderr, and leave no process behind.
 """
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -147,6 +149,92 @@ def test_a_deadlock_is_reported_within_seconds_with_where_each_rank_waits():
     assert "in _deadlock" in msg and "dist.recv(t, src=1 - rank)" in msg  # the student's blocking line
 
 
+# --- a pipeline's point-to-point mistakes (assignment 03's two classic bugs, in a generic rank program) ---
+
+def _send_next(t):
+    r, w = dist.get_rank(), dist.get_world_size()
+    return dist.isend(t, (r - 1) % w)  # the bug: the previous rank, not the next
+
+
+def _recv_prev(shape):
+    r, w = dist.get_rank(), dist.get_world_size()
+    buf = torch.empty(shape)
+    dist.recv(buf, (r - 1) % w)
+    return buf
+
+
+def _wrong_peer_stage(rank, world_size):
+    x = torch.ones(2, 3)
+    if rank > 0:
+        x = _recv_prev((2, 3))
+    if rank < world_size - 1:
+        _send_next(x).wait()
+    return rank
+
+
+def test_a_send_to_the_wrong_peer_names_the_sends_and_receives_without_a_partner():
+    """3 ranks (at 2 the previous rank is the next one: the bug is invisible there)."""
+    with pytest.raises(DistributedError) as info:
+        run_distributed(_wrong_peer_stage, 3, timeout=20)
+    msg = str(info.value)
+    first = msg.split("\n\n", 1)[0]  # the summary: the unmatched pairs come before the ranks' stacks
+    assert "deadlock" in first
+    assert "rank 0: send #1 to rank 2 ([2, 3] float32, tag 0) at test_dist.py:" in first
+    assert "in _send_next: rank 2 never receives from rank 0" in first
+    assert "rank 1: receive #1 from rank 0 ([2, 3] float32, tag 0)" in first and "rank 0 never sends to rank 1" in first
+    assert "rank 2: receive #1 from rank 1" in first and "rank 1 never sends to rank 2" in first
+    # each blocked rank's chain of frames, outermost first: the stage, then the helper and its receive
+    chain = msg[msg.index("ranks 1, 2: each was blocked in recv (torch.distributed), called from your code"):]
+    assert chain.index("in _wrong_peer_stage") < chain.index("x = _recv_prev((2, 3))") \
+        < chain.index("in _recv_prev") < chain.index("dist.recv(buf, (r - 1) % w)"), chain
+
+
+def _recv_next(shape):
+    r, w = dist.get_rank(), dist.get_world_size()
+    buf = torch.empty(shape)
+    dist.recv(buf, (r + 1) % w)
+    return buf
+
+
+def _send_prev(t):
+    r, w = dist.get_rank(), dist.get_world_size()
+    return dist.isend(t, (r - 1) % w)
+
+
+def _backward_step(rank, world_size, y):
+    grad = torch.ones_like(y) if rank == world_size - 1 else _recv_prev(y.shape)  # the bug: _recv_next
+    if rank > 0:
+        _send_prev(grad).wait()
+
+
+def _backward_receives_forward(rank, world_size):
+    x = torch.ones(4) if rank == 0 else _recv_prev((4,))
+    y = 2 * x
+    if rank < world_size - 1:
+        dist.isend(y, rank + 1).wait()
+    _backward_step(rank, world_size, y)
+    return rank
+
+
+def test_a_backward_that_receives_from_the_wrong_side_shows_each_ranks_chain_and_the_unmatched_send():
+    """4 stages: the backward receives the gradient the way the forward receives activations."""
+    with pytest.raises(DistributedError) as info:
+        run_distributed(_backward_receives_forward, 4, timeout=20)
+    msg = str(info.value)
+    first = msg.split("\n\n", 1)[0]
+    assert "rank 3: send #1 to rank 2 ([4] float32, tag 0)" in first and "in _send_prev" in first
+    assert "rank 2 posted only 1 receive(s) from rank 3" not in first  # rank 2 never received from rank 3
+    assert "rank 2 never receives from rank 3" in first
+    assert "rank 2: receive #2 from rank 1 ([4] float32, tag 0)" in first and \
+        "rank 1 posted only 1 send(s) to rank 2" in first
+    # the chain names the wrong call (the backward step's receive), not only the receive inside the helper
+    assert "in _backward_step" in msg and "else _recv_prev(y.shape)  # the bug: _recv_next" in msg
+    rank2 = msg[msg.index("ranks 0, 1, 2: each was blocked in recv (torch.distributed), called from your code "
+                          "(outermost first):"):]
+    assert rank2.index("in _backward_receives_forward") < rank2.index("in _backward_step") \
+        < rank2.index("in _recv_prev") < rank2.index("dist.recv(buf, (r - 1) % w)"), rank2
+
+
 def _spin(rank, world_size):
     end = time.monotonic() + 30
     while time.monotonic() < end:
@@ -255,6 +343,41 @@ def test_spawn_runs_a_function_defined_in_main_of_a_script_without_a_guard(tmp_p
     assert proc.returncode == 0, proc.stderr
     assert "RESULT [6.0, 6.0] [6.0, 6.0]" in proc.stdout
     assert proc.stderr == ""
+
+
+def test_the_timeout_starts_once_every_rank_has_started():
+    """Spawned ranks (macOS) each import torch (seconds): that is the start-up's own limit, not the run's."""
+    from autograder.runtime.report import checking
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        with checking("Exercise 0", "a spawned run with a timeout shorter than its start-up"):
+            out = run_distributed(_sum_ranks, 2, args=(0.0,), start_method="spawn", timeout=1.0)
+    assert [o["rank"] for o in out] == [0, 1]
+    line = buf.getvalue()
+    assert "passed (world size 2, " in line and " s of it starting the ranks)" in line, line
+
+
+def test_a_start_past_its_limit_is_reported_as_such(monkeypatch):
+    import autograder.runtime.dist as runtime_dist
+
+    monkeypatch.setattr(runtime_dist, "STARTUP_TIMEOUT_S", 0.2)
+    t0 = time.monotonic()
+    with pytest.raises(DistributedError) as info:
+        run_distributed(_sum_ranks, 2, args=(0.0,), start_method="spawn", timeout=30)
+    msg = str(info.value)
+    assert time.monotonic() - t0 < 5
+    assert "did not all start within the start-up limit of 0.2 s" in msg and "timeout of 30 s had not begun" in msg
+
+
+def test_the_start_method_can_be_forced_to_spawn(monkeypatch):
+    from autograder.runtime.dist import default_start_method
+
+    monkeypatch.setenv("AUTOGRADER_START_METHOD", "spawn")
+    assert default_start_method() == ("spawn")
+    monkeypatch.setenv("AUTOGRADER_START_METHOD", "fork")
+    assert default_start_method() == ("fork" if sys.platform.startswith("linux") else "spawn")
+    assert default_start_method("nccl") == "spawn"
 
 
 def test_spawn_reports_a_failing_rank():

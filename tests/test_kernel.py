@@ -44,8 +44,15 @@ def test_a_deadlocking_cell_fails_and_the_kernel_survives():
         "def with_class(rank, world_size, m):\n"
         "    return m(torch.ones(1))\n"
         "print('spawn ran', run_distributed(with_class, 2, args=(Scale(),), start_method='spawn', timeout=60)[1].tolist())",
+        # a spawned rank (macOS) names the kernel's cells as the kernel does, never ipykernel's temporary files
+        "def spawned_fails(rank, world_size):\n"
+        "    raise ValueError(f'bad rank {rank}')\n"
+        "try:\n"
+        "    run_distributed(spawned_fails, 2, start_method='spawn', timeout=60)\n"
+        "except Exception as exc:\n"
+        "    print(exc)",
     ])
-    setup, deadlock, after, spawned = nb.cells
+    setup, deadlock, after, spawned, spawned_error = nb.cells
     assert not _errors(setup)
     errs = _errors(deadlock)
     assert len(errs) == 1 and errs[0].ename == "DistributedError"
@@ -55,3 +62,7 @@ def test_a_deadlocking_cell_fails_and_the_kernel_survives():
     assert "next cell ran [6.0, 6.0]" in _stream(after, "stdout")
     assert _stream(after, "stderr") == ""
     assert "spawn ran [3.0]" in _stream(spawned, "stdout"), spawned.outputs
+    text = _stream(spawned_error, "stdout")
+    assert "ValueError: bad rank 0" in text and "Cell In[5], line 2, in spawned_fails" in text, text
+    assert "raise ValueError(f'bad rank {rank}')" in text  # the cell's line, quoted from the kernel's copy
+    assert "ipykernel" not in text and "dynamic-code" not in text and ".py:" not in text, text

@@ -406,9 +406,9 @@ def dumps_by_value(obj) -> bytes:
     import pickle
     import types
 
-    import cloudpickle
+    from autograder.runtime.dist import pickler_keeping_filenames
 
-    class _ByValue(cloudpickle.Pickler):
+    class _ByValue(pickler_keeping_filenames()):
         def reducer_override(self, o):
             if isinstance(o, types.FunctionType) and (getattr(o, "__module__", None) or "").startswith(_BY_VALUE):
                 return self._dynamic_function_reduce(o)

@@ -25,6 +25,7 @@ so the runner's deadlock detection still sees an idle rank.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import sys
@@ -67,6 +68,8 @@ _OPS = {
     ("_c10d_functional", "broadcast"): "broadcast",
     ("_c10d_functional", "broadcast_"): "broadcast",
 }
+# point-to-point ops: not agreed on (a pair, not a group), written to the rank's journal
+_P2P = {("c10d", "send"): "send", ("c10d", "recv_"): "recv", ("c10d", "recv_any_source_"): "recv"}
 # Ops whose per-rank input shapes may legitimately differ (uneven all-to-all splits, root-only buffers).
 _SHAPE_FREE = {"all_to_all", "gather", "scatter", "barrier"}
 _INPUT_ARGS = ("tensors", "input_tensor", "input_tensors", "input", "inputs", "input_list", "tensor")
@@ -167,19 +170,44 @@ def _describe(fp: dict) -> str:
 class CollectiveAgreement(TorchDispatchMode):
     """The check described in the module docstring; `store` is the run's rendezvous store."""
 
-    def __init__(self, store, rank: int):
+    def __init__(self, store, rank: int, journal: str | None = None):
         super().__init__()
         self.store = store
         self.rank = rank
         self.counts: dict[str, int] = {}
+        # the journal of this rank's sends and receives (a file, one JSON line each, written before the op
+        # runs): the runner matches them across ranks when the ranks hang (autograder.runtime.dist)
+        self._journal = os.open(journal, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if journal else None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        op = _OPS.get((func.namespace, func._schema.name.split("::")[-1]))
+        key = (func.namespace, func._schema.name.split("::")[-1])
+        op = _OPS.get(key)
         if op is not None:
             self._contiguous(op, args, kwargs)
             self._agree(op, func, args, kwargs)
+        elif key in _P2P and self._journal is not None:
+            self._write_journal(_P2P[key], func, args, kwargs)
         return func(*args, **kwargs)
+
+    def _write_journal(self, op, func, args, kwargs) -> None:
+        by_name = {a.name: v for a, v in zip(func._schema.arguments, args)}
+        by_name.update(kwargs)
+        _, ranks = _group(by_name)
+        peer = by_name.get("dst", by_name.get("dstRank")) if op == "send" else by_name.get("src", by_name.get("srcRank"))
+        if isinstance(peer, int) and ranks and 0 <= peer < len(ranks):
+            peer = ranks[peer]  # a group rank: the runner matches global ranks
+        elif not isinstance(peer, int):
+            peer = None
+        tensor = _first_tensor(by_name.get("tensors"))
+        record = {"op": op, "peer": peer, "tag": int(by_name.get("tag", 0) or 0),
+                  "shape": list(tensor.shape) if tensor is not None else [],
+                  "dtype": str(tensor.dtype).replace("torch.", "") if tensor is not None else "",
+                  "where": call_site()}
+        try:
+            os.write(self._journal, (json.dumps(record) + "\n").encode())
+        except OSError:
+            pass
 
     def _contiguous(self, op, args, kwargs) -> None:
         """A collective called by the student's code gets contiguous tensors (NCCL requires it; gloo hides it)."""

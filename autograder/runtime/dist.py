@@ -10,7 +10,11 @@ defined in a notebook cell work on both paths.
 
 Whatever happens in the ranks, the caller gets either the list of per-rank
 return values or one `DistributedError` that names every failed rank with its
-traceback, exit signal, or (on a deadlock) its Python stack. No rank process
+traceback, exit signal, or (on a deadlock) where it was blocked: the chain of
+the student's frames, outermost first, and the sends and receives that had no
+partner (from each rank's journal of point-to-point ops). The timeout counts
+from when every rank has started (a spawned rank imports torch: seconds);
+`AUTOGRADER_START_METHOD=spawn` forces the macOS path on Linux. No rank process
 outlives the call, and nothing a rank prints reaches the caller's stderr
 (nbgrader scores a cell with any stderr output 0): rank output is captured to
 files, shown on request (`show_output=True`) or in the error.
@@ -53,6 +57,9 @@ def set_executor(executor) -> None:
 _GRACE_AFTER_FAILURE_S = 1.5
 # A deadlock: every live rank blocked, none using the CPU, for this long.
 DEADLOCK_IDLE_S = 2.0
+# How long the ranks get to start (a spawned rank imports torch: seconds each, more on a loaded machine) before
+# the run's own timeout starts: every rank has then reached the rendezvous.
+STARTUP_TIMEOUT_S = 120.0
 # How long a rank gets to write its stack after SIGUSR1.
 _STACK_DUMP_WAIT_S = 0.5
 # Characters of each rank's captured output quoted in an error.
@@ -201,9 +208,15 @@ def _indent(text: str, prefix: str = "    ") -> str:
 
 
 def default_start_method(backend: str = "gloo") -> str:
-    """fork on a Linux CPU; spawn on macOS/Windows and for CUDA (never fork after CUDA init)."""
+    """fork on a Linux CPU; spawn on macOS/Windows and for CUDA (never fork after CUDA init).
+
+    `AUTOGRADER_START_METHOD=spawn` in the environment spawns on Linux too (the macOS path, for testing it).
+    """
     if backend == "nccl" or not sys.platform.startswith("linux"):
         return "spawn"
+    forced = os.environ.get("AUTOGRADER_START_METHOD", "").strip().lower()
+    if forced in ("fork", "spawn"):
+        return forced
     return "fork"
 
 
@@ -226,15 +239,44 @@ def _set_parent_death_signal() -> None:
         pass
 
 
+def pickler_keeping_filenames():
+    """A cloudpickle Pickler class that keeps each function's file name (cloudpickle >= 3.1 writes
+    `<dynamic-code>`): a spawned rank's messages then name the student's cell (`Cell In[5]`, see
+    autograder.runtime.report.student_sources), and the course's own code is still told from the student's."""
+    import types
+
+    import cloudpickle
+
+    reduce_code = getattr(getattr(cloudpickle, "cloudpickle", None), "_code_reduce", None)
+
+    class KeepFilenames(cloudpickle.Pickler):
+        def reducer_override(self, obj):
+            if isinstance(obj, types.CodeType) and reduce_code is not None:
+                cls, args = reduce_code(obj)
+                return cls, tuple(obj.co_filename if isinstance(a, str) and a == "<dynamic-code>" else a
+                                  for a in args)
+            return super().reducer_override(obj)
+
+    return KeepFilenames
+
+
+def dumps_keeping_filenames(obj) -> bytes:
+    import pickle
+
+    buf = io.BytesIO()
+    pickler_keeping_filenames()(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buf.getvalue()
+
+
 def _spawn_main() -> None:
-    """Entry point of a spawned rank: `python -c ... WORKDIR RANK WORLD_SIZE BACKEND TIMEOUT CHECK`."""
-    workdir, rank, world_size, backend, timeout, check = sys.argv[1:7]
+    """Entry point of a spawned rank: `python -c ... WORKDIR RANK WORLD_SIZE BACKEND TIMEOUT CHECK STARTUP`."""
+    workdir, rank, world_size, backend, timeout, check, startup = sys.argv[1:8]
     _rank_main(None, int(rank), int(world_size), workdir, backend, float(timeout), by_value=True,
-               check_collectives=check == "1")
+               check_collectives=check == "1", startup_timeout=float(startup))
 
 
 def _rank_main(payload, rank: int, world_size: int, workdir: str, backend: str, timeout: float,
-               by_value: bool, check_collectives: bool = True) -> None:
+               by_value: bool, check_collectives: bool = True, startup_timeout: float = 120.0) -> None:
     """Body of one rank process. Never returns normally: exits with a status."""
     out_path = os.path.join(workdir, f"rank{rank}.log")
     # Send this process's fd 1 and 2 (Python and C++ alike) to the rank's log file.
@@ -271,14 +313,24 @@ def _rank_main(payload, rank: int, world_size: int, workdir: str, backend: str, 
             import cloudpickle
 
             with open(os.path.join(workdir, "payload.pkl"), "rb") as f:
-                parent_path, blob = cloudpickle.load(f)
+                parent_path, sources, blob = cloudpickle.load(f)
             sys.path[:] = parent_path + [p for p in sys.path if p not in parent_path]
+            from autograder.runtime.report import install_sources
+
+            install_sources(sources)  # the notebook's cells, so that messages quote them as the kernel names them
             fn, args = cloudpickle.loads(blob)
         else:
             fn, args = payload
+        if check_collectives:
+            from autograder.runtime.agreement import CollectiveAgreement
         if backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())
         store = dist.FileStore(os.path.join(workdir, "store"), world_size)
+        # Start-up (a spawned rank imports torch: seconds) has its own limit: every rank waits here until
+        # all have arrived, so that the process group's rendezvous and the run's timeout start together.
+        store.set_timeout(datetime.timedelta(seconds=startup_timeout + 5.0))  # the parent's limit fires first
+        store.set(_ARRIVED.format(rank=rank), b"1")
+        store.wait([_ARRIVED.format(rank=r) for r in range(world_size)])
         finished = False
         dist.init_process_group(
             backend, store=store, rank=rank, world_size=world_size,
@@ -291,13 +343,14 @@ def _rank_main(payload, rank: int, world_size: int, workdir: str, backend: str, 
                 dist.barrier(device_ids=[torch.cuda.current_device()])
             else:
                 dist.barrier()
+            with open(os.path.join(workdir, f"rank{rank}.ready"), "w"):
+                pass  # the parent starts the run's timeout once every rank is here
             if check_collectives:
                 # Ranks must agree on each collective before it runs (autograder.runtime.agreement):
                 # a mismatch raises a clear error on the spot instead of aborting the
-                # rank or returning wrong numbers (spec 6).
-                from autograder.runtime.agreement import CollectiveAgreement
-
-                agreement = CollectiveAgreement(store, rank)
+                # rank or returning wrong numbers (spec 6). Its journal of sends and receives
+                # tells the parent which ones had no partner when the ranks hang.
+                agreement = CollectiveAgreement(store, rank, journal=os.path.join(workdir, f"rank{rank}.p2p"))
                 with agreement:
                     result = fn(rank, world_size, *args)  # the rank program
                 agreement.finish()
@@ -359,6 +412,7 @@ def _rank_main(payload, rank: int, world_size: int, workdir: str, backend: str, 
 
 
 _DONE = "__rank_done/{rank}"  # autograder.runtime.agreement.DONE_KEY: each rank sets it when its program returns
+_ARRIVED = "__rank_arrived/{rank}"  # each rank sets it once started (torch imported, the program loaded)
 
 
 _FAILED = "__rank_failed/{rank}"
@@ -461,13 +515,15 @@ def _describe_exit(code: int | None) -> str:
 class _RankProcess:
     """One rank: a forked multiprocessing.Process or a spawned interpreter (subprocess)."""
 
-    def __init__(self, rank, method, payload, world_size, workdir, backend, timeout, check_collectives):
+    def __init__(self, rank, method, payload, world_size, workdir, backend, timeout, check_collectives,
+                 startup_timeout):
         self.rank = rank
         if method == "fork":
             ctx = multiprocessing.get_context("fork")
             self._proc = ctx.Process(
                 target=_rank_main, name=f"rank{rank}", daemon=True,
-                args=(payload, rank, world_size, workdir, backend, timeout, False, check_collectives),
+                args=(payload, rank, world_size, workdir, backend, timeout, False, check_collectives,
+                      startup_timeout),
             )
             self._proc.start()
             self._popen = None
@@ -480,7 +536,7 @@ class _RankProcess:
             self._proc = None
             self._popen = subprocess.Popen(
                 [sys.executable, "-c", code, workdir, str(rank), str(world_size), backend, str(timeout),
-                 "1" if check_collectives else "0"],
+                 "1" if check_collectives else "0", str(startup_timeout)],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )
             self.pid = self._popen.pid
@@ -522,8 +578,11 @@ def run_distributed(fn, world_size: int, *, args: tuple = (), timeout: float = 2
     """Run `fn(rank, world_size, *args)` in `world_size` processes; return their results.
 
     The default process group is initialised in every rank (`backend`, a fresh
-    FileStore rendezvous per call). `timeout` (seconds) bounds the whole run:
-    past it every rank's Python stack is collected and all ranks are killed.
+    FileStore rendezvous per call). `timeout` (seconds) bounds the rank programs,
+    counted from when every rank has started (reached the rendezvous): past it
+    every rank's Python stack is collected and all ranks are killed. Starting
+    the ranks (a spawned rank's interpreter and `import torch`) has its own
+    limit, `STARTUP_TIMEOUT_S`, and an error that says so.
     Raises `DistributedError` when any rank raises, crashes or hangs.
     With `show_output=True` each rank's stdout/stderr is printed (to stdout) afterwards.
     `start_method` is "fork" or "spawn"; by default fork on a Linux CPU, spawn elsewhere.
@@ -560,8 +619,10 @@ def run_distributed(fn, world_size: int, *, args: tuple = (), timeout: float = 2
         if method != "fork":
             import cloudpickle
 
+            from autograder.runtime.report import student_sources
+
             with open(os.path.join(workdir, "payload.pkl"), "wb") as f:
-                cloudpickle.dump((list(sys.path), cloudpickle.dumps(payload)), f)
+                cloudpickle.dump((list(sys.path), student_sources(), dumps_keeping_filenames(payload)), f)
             payload = None
         # Flush so buffered parent output is not duplicated into forked children.
         for stream in (sys.stdout, sys.stderr):
@@ -570,15 +631,17 @@ def run_distributed(fn, world_size: int, *, args: tuple = (), timeout: float = 2
             except Exception:  # noqa: BLE001
                 pass
         t0 = time.monotonic()
+        started: dict = {}
         for rank in range(world_size):
             procs.append(_RankProcess(rank, method, payload, world_size, workdir, backend, timeout,
-                                      check_collectives))
+                                      check_collectives, STARTUP_TIMEOUT_S))
         try:
-            return _supervise(procs, workdir, timeout, show_output)
+            return _supervise(procs, workdir, timeout, show_output, startup_timeout=STARTUP_TIMEOUT_S,
+                              started=started)
         finally:
             from autograder.runtime.report import note_run
 
-            note_run(world_size, time.monotonic() - t0)
+            note_run(world_size, time.monotonic() - t0, started.get("seconds", 0.0))
     finally:
         for p in procs:
             p.kill()
@@ -673,10 +736,15 @@ class _IdleWatch:
         return now - t0 >= self.window and (total - c0) < self.busy * (now - t0)
 
 
-def _supervise(procs: list[_RankProcess], workdir: str, timeout: float, show_output: bool) -> list:
+def _supervise(procs: list[_RankProcess], workdir: str, timeout: float, show_output: bool,
+               startup_timeout: float = STARTUP_TIMEOUT_S, started: dict | None = None) -> list:
+    """Wait for the ranks: first until every one has reached the rendezvous (`startup_timeout`), then for
+    their programs (`timeout`, and the deadlock watch). `started["seconds"]`: how long the start took."""
     world_size = len(procs)
-    start = time.monotonic()
-    deadline = start + timeout
+    launched = time.monotonic()
+    start = None  # when every rank had reached the rendezvous: the run's timeout starts there
+    deadline = launched + startup_timeout
+    ready = [os.path.join(workdir, f"rank{r}.ready") for r in range(world_size)]
     first_failure_at = None
     pending = set(range(world_size))
     failed: set[int] = set()
@@ -686,6 +754,11 @@ def _supervise(procs: list[_RankProcess], workdir: str, timeout: float, show_out
     poll_s = 0.002
     while pending:
         now = time.monotonic()
+        if start is None and all(os.path.exists(p) for p in ready):
+            start = now
+            deadline = start + timeout
+            if started is not None:
+                started["seconds"] = start - launched
         limit = deadline if first_failure_at is None else min(deadline, first_failure_at + _GRACE_AFTER_FAILURE_S)
         if now >= limit:
             break
@@ -698,7 +771,8 @@ def _supervise(procs: list[_RankProcess], workdir: str, timeout: float, show_out
                 failed.add(rank)
                 if first_failure_at is None:
                     first_failure_at = time.monotonic()
-        if pending and first_failure_at is None and idle.deadlocked(now, pending):
+        # while the ranks start (imports, the rendezvous) only the start-up limit applies
+        if pending and start is not None and first_failure_at is None and idle.deadlocked(now, pending):
             deadlock = True
             break
         if pending and first_failure_at is not None and settled.deadlocked(now, pending):
@@ -786,20 +860,89 @@ def _supervise(procs: list[_RankProcess], workdir: str, timeout: float, show_out
 
     failures.sort(key=lambda f: (order(f), f.rank))
     names = ", ".join(str(r) for r in sorted(f.rank for f in failures))
-    if deadlock:
+    if start is None and first_failure_at is None:
+        late = ", ".join(str(r) for r in range(world_size) if not os.path.exists(ready[r]))
+        summary = (f"run_distributed: the ranks did not all start within the start-up limit of "
+                   f"{startup_timeout:g} s (each rank's interpreter, `import torch`, the rendezvous; the run's own "
+                   f"timeout of {timeout:g} s had not begun): rank(s) {late} had not reached the rendezvous "
+                   f"(world size {world_size}). Is the machine overloaded? Each rank's stack is below; every rank "
+                   f"was stopped.")
+    elif deadlock:
         waited = time.monotonic() - start
         summary = (f"run_distributed: deadlock: after {waited:.1f} s every rank still running ({names}) was "
                    f"blocked and none had used the CPU for {DEADLOCK_IDLE_S:g} s (world size {world_size}). "
                    f"Where each rank was waiting is below; every rank was stopped.")
     elif first_failure_at is None:
         summary = (f"run_distributed: timed out after {timeout:g} s with rank(s) {names} still running "
-                   f"(world size {world_size}). A deadlock, or a very slow rank? Each rank's stack is below; "
-                   f"every rank was stopped.")
+                   f"(world size {world_size}; the time counts from when every rank had started). A deadlock, or "
+                   f"a very slow rank? Each rank's stack is below; every rank was stopped.")
     else:
         summary = f"run_distributed: rank(s) {names} failed (world size {world_size})."
+    if stuck or any(f.kind == "crash" for f in failures):
+        unmatched = _unmatched_p2p(workdir, world_size)
+        if unmatched:
+            summary += "\n" + unmatched
     if show_output:
         _print_outputs(workdir, world_size)
     raise DistributedError(summary, failures)
+
+
+def _read_journal(path: str) -> list[dict]:
+    """A rank's sends and receives, in the order it posted them (autograder.runtime.agreement writes them)."""
+    out = []
+    for line in _read(path).splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a line cut off when the rank was killed
+        if isinstance(rec, dict) and rec.get("op") in ("send", "recv"):
+            out.append(rec)
+    return out
+
+
+def _p2p_what(rec: dict) -> str:
+    shape = "[" + ", ".join(str(d) for d in rec.get("shape", [])) + "]"
+    return f"{shape} {rec.get('dtype', '')}, tag {rec.get('tag', 0)}"
+
+
+def _unmatched_p2p(workdir: str, world_size: int) -> str:
+    """The sends and receives that had no partner when the ranks stopped, and matched pairs whose tensors
+    differ: from each rank's journal, the k-th send from a to b (same tag) pairs with b's k-th receive from a."""
+    sends: dict[tuple, list] = {}
+    recvs: dict[tuple, list] = {}
+    for rank in range(world_size):
+        for rec in _read_journal(os.path.join(workdir, f"rank{rank}.p2p")):
+            peer = rec.get("peer")
+            if not isinstance(peer, int):
+                continue  # a receive from any source: no channel to match it on
+            if rec["op"] == "send":
+                sends.setdefault((rank, peer, rec.get("tag", 0)), []).append(rec)
+            else:
+                recvs.setdefault((peer, rank, rec.get("tag", 0)), []).append(rec)
+    lines = []  # (the rank that posted it, order, text)
+    for key in sorted(set(sends) | set(recvs)):
+        src, dst, _ = key
+        s, r = sends.get(key, []), recvs.get(key, [])
+        for a, b in zip(s, r):
+            if (a.get("shape"), a.get("dtype")) != (b.get("shape"), b.get("dtype")):
+                lines.append((src, 0, f"  rank {src} sends {_p2p_what(a)} to rank {dst} (at {a.get('where')}), "
+                                      f"but rank {dst} receives {_p2p_what(b)} from rank {src} (at {b.get('where')})"))
+        for i, a in enumerate(s[len(r):], len(r) + 1):
+            partner = f"rank {dst} never receives from rank {src}" if not r else \
+                f"rank {dst} posted only {len(r)} receive(s) from rank {src}"
+            lines.append((src, 1, f"  rank {src}: send #{i} to rank {dst} ({_p2p_what(a)}) at {a.get('where')}: "
+                                  f"{partner}"))
+        for i, b in enumerate(r[len(s):], len(s) + 1):
+            partner = f"rank {src} never sends to rank {dst}" if not s else \
+                f"rank {src} posted only {len(s)} send(s) to rank {dst}"
+            lines.append((dst, 1, f"  rank {dst}: receive #{i} from rank {src} ({_p2p_what(b)}) at "
+                                  f"{b.get('where')}: {partner}"))
+    if not lines:
+        return ""
+    text = [t for _, _, t in sorted(lines, key=lambda x: (x[0], x[1]))]
+    return ("Sends and receives without a partner when the ranks stopped (global ranks; the k-th send from a "
+            "to b pairs with b's k-th receive from a):\n" + "\n".join(text[:12])
+            + (f"\n  ... and {len(text) - 12} more" if len(text) > 12 else ""))
 
 
 _RUNNER_MARK = "  (rank started by autograder.runtime.dist.run_distributed)"
@@ -822,22 +965,43 @@ def _stack_frames(stack: str) -> list[tuple[str, int, str]]:
 
 
 def _blocked_at(stack: str) -> str:
-    """`was blocked in recv (torch.distributed), called at Cell In[4], line 3, in prog`, from a faulthandler dump."""
+    """Where a rank was, from a faulthandler dump: the torch.distributed call it was blocked in, and the chain
+    of the student's frames that led there, outermost first:
+
+        was blocked in recv (torch.distributed), called from your code (outermost first):
+          Cell In[7], line 40, in run_pipeline
+            _backward_step(...)
+          Cell In[4], line 9, in recv_forward
+            dist.recv(buf, src=prev, group=pp_group)
+    """
     from autograder.runtime.report import describe_location, is_student_file
 
     frames = _stack_frames(stack)
     if any(f[0] == __file__ and f[2] == "_wait_for_all_ranks_to_finish" for f in frames):
         return _RETURNED
-    for i, (file, line, name) in enumerate(frames):
-        if is_student_file(file):
-            inner = [f for f in frames[:i] if "torch" + os.sep + "distributed" in f[0]
-                     and f[2] not in ("wrapper", "__torch_dispatch__")]
-            op = inner[-1][2] if inner else ""
-            text = linecache.getline(file, line).strip()
-            where = describe_location(file, line, name)
-            head = f"was blocked in {op} (torch.distributed), called at {where}" if op else f"was at {where}"
-            return head + (f"\n      {text}" if text else "")
-    return ""
+    mine = [i for i, f in enumerate(frames) if is_student_file(f[0])]
+    if not mine:
+        return ""
+    inner = [f for f in frames[:mine[0]] if "torch" + os.sep + "distributed" in f[0]
+             and f[2] not in ("wrapper", "__torch_dispatch__")]
+    op = inner[-1][2] if inner else ""
+    chain = []
+    shown = list(reversed(mine))  # outermost first
+    if len(shown) > 10:  # deep recursion: the way in and the innermost frames
+        shown = shown[:3] + [None] + shown[-6:]
+    for i in shown:
+        if i is None:
+            chain.append(f"      ... {len(mine) - 9} more frame(s) of your code ...")
+            continue
+        file, line, name = frames[i]
+        text = linecache.getline(file, line).strip()
+        chain.append(f"      {describe_location(file, line, name)}" + (f"\n        {text}" if text else ""))
+    if len(chain) == 1:
+        head = f"was blocked in {op} (torch.distributed), called at " if op else "was at "
+        return head + chain[0].strip().replace("\n        ", "\n      ", 1)
+    head = (f"was blocked in {op} (torch.distributed), called from your code (outermost first):" if op
+            else "was in your code (outermost first):")
+    return head + "\n" + "\n".join(chain)
 
 
 def _filter_stack(stack: str, student_only: bool = False) -> str:

@@ -26,7 +26,8 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
-__all__ = ["checking", "show_internals", "note_run", "student_frames", "is_student_file", "describe_location"]
+__all__ = ["checking", "show_internals", "note_run", "student_frames", "is_student_file", "describe_location",
+           "student_sources", "install_sources", "name_exercises"]
 
 _FULL = {"on": os.environ.get("AUTOGRADER_TRACEBACK", "").lower() == "full"}
 
@@ -44,17 +45,18 @@ def internals_shown() -> bool:
 class _Report:
     label: str
     what: str
-    runs: list = field(default_factory=list)  # (world_size, seconds)
+    runs: list = field(default_factory=list)  # (world_size, seconds, of which starting the ranks)
 
 
 _current: contextvars.ContextVar[_Report | None] = contextvars.ContextVar("autograder_check", default=None)
 
 
-def note_run(world_size: int, seconds: float) -> None:
-    """Called by run_distributed: the world sizes a graded cell ran on go into its pass line."""
+def note_run(world_size: int, seconds: float, startup: float = 0.0) -> None:
+    """Called by run_distributed: the world sizes a graded cell ran on (and the time its ranks took to start)
+    go into its pass line."""
     report = _current.get()
     if report is not None:
-        report.runs.append((world_size, seconds))
+        report.runs.append((world_size, seconds, startup))
 
 
 # -- which frames are the student's -------------------------------------------------------------
@@ -76,20 +78,60 @@ def is_student_file(filename: str) -> bool:
     return not any(path.startswith(d + os.sep) for d in _LIB_DIRS)
 
 
-def describe_location(filename: str, lineno: int, name: str) -> str:
-    """`Cell In[5], line 12, in forward` for a notebook cell (as IPython names it), `file.py:12, in forward` else."""
-    label = None
+# A spawned rank has no IPython: the kernel's names of its cells (`Cell In[5]`) travel with the rank program
+# (student_sources / install_sources), so that a message never names ipykernel's temporary file of a cell.
+_LABELS: dict[str, str] = {}
+
+
+def student_sources() -> dict:
+    """The source lines and the kernel's names of the student's cells (linecache entries of code that is not a
+    file on disk), for a spawned rank: `{"lines": {filename: text}, "labels": {filename: "Cell In[5]"}}`."""
+    import linecache
+
+    lines, labels = {}, {}
+    for filename, entry in list(linecache.cache.items()):
+        if not isinstance(filename, str) or not is_student_file(filename) or len(entry) < 3:
+            continue
+        label = _kernel_label(filename)
+        if label:
+            labels[filename] = label
+        if filename.startswith("<") or not os.path.exists(filename):  # a real file: the rank reads it itself
+            lines[filename] = "".join(entry[2] or ())
+    return {"lines": lines, "labels": labels}
+
+
+def install_sources(sources: dict) -> None:
+    """In a spawned rank: make the parent's cells readable (linecache) and named as the kernel names them."""
+    import linecache
+
+    for filename, text in (sources or {}).get("lines", {}).items():
+        linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
+    _LABELS.update((sources or {}).get("labels", {}))
+
+
+def _kernel_label(filename: str) -> str | None:
+    """`Cell In[5]` for a cell the running IPython kernel compiled, else None."""
+    if filename in _LABELS:
+        return _LABELS[filename]
     try:
         # Only where IPython is already loaded (a kernel, and the ranks forked from it): importing it
         # costs ~60 ms, in every rank that reports a call site.
         ipython = sys.modules.get("IPython")
         ip = ipython.get_ipython() if ipython is not None else None
-        if ip is not None:
-            label = ip.compile.format_code_name(filename)
+        label = ip.compile.format_code_name(filename) if ip is not None else None
     except Exception:  # noqa: BLE001 - no IPython, or an older one: fall back to the file name
         label = None
+    return f"{label[0]} {label[1]}" if label else None
+
+
+def describe_location(filename: str, lineno: int, name: str) -> str:
+    """`Cell In[5], line 12, in forward` for a notebook cell (as IPython names it; in the grader `answer cell
+    ring_forward, line 12, in forward`), `file.py:12, in forward` else."""
+    label = _kernel_label(filename)
     if label:
-        return f"{label[0]} {label[1]}, line {lineno}, in {name}"
+        return f"{label}, line {lineno}, in {name}"
+    if filename.startswith("<") and filename.endswith(">") and filename not in ("<string>", "<stdin>"):
+        return f"{filename[1:-1]}, line {lineno}, in {name}"  # `<answer cell ring_forward>`: the grader's names
     if filename.startswith("<"):
         return f"{filename}, line {lineno}, in {name}"
     return f"{os.path.basename(filename)}:{lineno}, in {name}"
@@ -157,11 +199,17 @@ def _attach_rendering(exc: BaseException, text: str) -> None:
 
 
 def _ran_on(runs) -> str:
-    sizes = sorted({w for w, _ in runs})
+    sizes = sorted({w for w, _, _ in runs})
     if not sizes:
         return ""
     word = "world size" if len(sizes) == 1 else "world sizes"
     return f"{word} {', '.join(str(s) for s in sizes)}"
+
+
+def _starting(runs) -> str:
+    """`, 5.8 s of it starting the ranks` where starting them was a noticeable part (spawned ranks)."""
+    startup = sum(s for _, _, s in runs)
+    return f", {startup:.1f} s of it starting the ranks" if startup >= 0.5 else ""
 
 
 @contextlib.contextmanager
@@ -196,6 +244,6 @@ def checking(label: str, what: str):
         _current.reset(token)
     seconds = time.perf_counter() - t0
     ran = _ran_on(report.runs)
-    detail = f"{ran}, {seconds:.1f} s" if ran else f"{seconds:.1f} s"
+    detail = f"{ran}, {seconds:.1f} s{_starting(report.runs)}" if ran else f"{seconds:.1f} s"
     print(f"\u2713 {label} \u00b7 {what} \u2014 passed ({detail})")
     sys.stdout.flush()
