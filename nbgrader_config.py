@@ -55,9 +55,11 @@ c.Autograde.autograde_preprocessors = [Execute, IgnorePattern, ClearMetadataPrep
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor  # noqa: E402
 from nbgrader.preprocessors import ClearHiddenTests, GetGrades  # noqa: E402
 
-from autograder.grading.nbgrader_plugins import HideTestTracebacks  # noqa: E402
+from autograder.grading.nbgrader_plugins import HideTestTracebacks, WrapOutputLines  # noqa: E402
 
-c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, HideTestTracebacks, CSSHTMLHeaderPreprocessor]
+# WrapOutputLines after CSSHTMLHeaderPreprocessor (which sets the page's inlined CSS): long lines wrap.
+c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, HideTestTracebacks, CSSHTMLHeaderPreprocessor,
+                                    WrapOutputLines]
 
 # An LMS download: `nbgrader zip_collect ASSIGNMENT` collects a Canvas "Download Submissions" zip put in
 # downloaded/ASSIGNMENT/archive/ into submitted/<login>/ASSIGNMENT/. Canvas names each file

@@ -77,6 +77,8 @@ def test_parallel_grading_gives_the_sequential_scores_and_regrades_only_changes(
     for student in ("alice", "bob", "carol", "dave"):
         html = open(os.path.join(course, "feedback", student, A, "tensor_parallel_lab.html"), encoding="utf-8").read()
         assert course not in html and "/tmp/" not in html, f"the feedback of {student} shows a path of this machine"
+        # long message lines wrap at the page's edge (nbconvert's <pre> would cut them off there)
+        assert "white-space: pre-wrap" in html and "div.output_subarea pre" in html, student
     # nothing changed: nothing is graded again
     proc = run_grade(course, "autograde", A, "--jobs", "2", "--quiet")
     assert proc.returncode == 0 and "4 submission(s), 0 graded" in proc.stdout, proc.stdout[-2000:]

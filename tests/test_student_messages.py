@@ -155,3 +155,32 @@ def test_a_passing_test_prints_one_line():
     text = _shown(nb.cells[-1])
     assert [line for line in text.splitlines() if line.strip()] == [text.strip()], text
     assert text.startswith("\u2713 Exercise 1 \u00b7 ") and "passed (world size 2," in text, text
+
+
+RAISES_IN_A_RANK = mutant(
+    "a_rank_raises", "all_reduce_gradients",
+    [("    world_size = dist.get_world_size(group)\n",
+      "    world_size = dist.get_world_size(group)\n    _check_sizes(model)\n")],
+    must_fail={"test_all_reduce_gradients"}, why="the student's own helper raises")
+
+
+def test_the_graders_verdict_names_the_exercises_answer_cell_never_a_file():
+    """What the feedback shows: the trusted run's message locates the student's code by the exercise's answer
+    cell, as the notebook does by `Cell In[n]` (never a temporary file of ipykernel or of the grader)."""
+    import copy
+    import json
+
+    from autograder.grading.trusted import grade_notebook
+
+    nb = submissions.mutant_submission("01_data_parallel", RAISES_IN_A_RANK)
+    cell = next(c for c in nb.cells if _meta(c).get("grade_id") == "all_reduce_gradients")
+    cell.source += "\n\n\ndef _check_sizes(model):\n    raise ValueError('my own size check failed')\n"
+    source = json.loads(open(submissions.notebook_path("source", "01_data_parallel"), encoding="utf-8").read())
+    source["cells"] = [c for c in source["cells"] if not _meta(c).get("grade") or _meta(c).get("solution")
+                       or _meta(c)["grade_id"] == "test_all_reduce_gradients"]  # one test cell: seconds
+    verdicts, _ = grade_notebook(json.loads(nbformat.writes(copy.deepcopy(nb))), source)
+    msg = verdicts["test_all_reduce_gradients"].message
+    assert "ValueError: my own size check failed" in msg, msg
+    assert "answer cell of Exercise 1 (all_reduce_gradients), line " in msg and ", in _check_sizes" in msg, msg
+    for bad in ("<answer", "ipykernel", ".py:", "/tmp/", "dynamic-code"):
+        assert bad not in msg, (bad, msg)

@@ -4,6 +4,9 @@
 replaces each error's traceback (whose frames quote the cell's source lines,
 hidden tests included) by the error's type and message, which is what a
 student needs: the checks' messages say which rank, tensor and element failed.
+`WrapOutputLines` (feedback too) makes long output lines wrap at the page's
+edge instead of being cut off there (nbconvert's `pre` does not wrap).
+`LimitOutputChars` caps every output's text (autograde).
 """
 
 from __future__ import annotations
@@ -48,3 +51,23 @@ class LimitOutputChars(NbGraderPreprocessor):
                 output["evalue"] = self._cap(str(output.get("evalue", "")))
                 output["traceback"] = [self._cap(line) for line in output.get("traceback", [])][:200]
         return cell, resources
+
+
+# Outputs (and tracebacks) wrap at the page's edge; a word longer than a line (a path, a tensor) breaks anywhere.
+WRAP_CSS = """
+div.output_area pre, div.output_subarea pre, div.output_text pre, div.jp-OutputArea-output pre {
+    white-space: pre-wrap;
+    overflow-wrap: anywhere;
+    word-break: break-word;
+}
+"""
+
+
+class WrapOutputLines(NbGraderPreprocessor):
+    """Feedback HTML: long message lines wrap instead of running off the right edge (a CSS rule, inlined in the
+    page by nbgrader's feedback template, which writes every `resources["inlining"]["css"]` entry)."""
+
+    def preprocess(self, nb, resources):
+        inlining = resources.setdefault("inlining", {})
+        inlining["css"] = list(inlining.get("css", [])) + [WRAP_CSS]
+        return nb, resources

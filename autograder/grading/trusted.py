@@ -235,9 +235,18 @@ def read_frame(fd: int, deadline: float | None = None, max_blob: int = MAX_REPLY
 # The zygote: runs in the sandbox, executes the student's cells, serves requests
 # ---------------------------------------------------------------------------
 
-def _cell_filename(meta: dict, index: int) -> str:
+_EXERCISE_HEADING = re.compile(r"^#+\s*(Exercise\s+\d+)\b", re.M)
+
+
+def _cell_filename(meta: dict, index: int, exercise: str | None = None) -> str:
+    """The name a cell's code runs under in the zygote; messages show it without the brackets
+    (`answer cell of Exercise 3 (ring_forward), line 12, in ring_attention_forward`)."""
     gid = meta.get("grade_id")
-    return f"<answer cell {gid}>" if meta.get("solution") else f"<cell {gid or index}>"
+    if meta.get("solution"):
+        return f"<answer cell of {exercise} ({gid})>" if exercise else f"<answer cell {gid}>"
+    if gid:
+        return f"<given cell {gid}>"
+    return f"<code cell {index}" + (f", after the heading of {exercise}>" if exercise else ">")
 
 
 def _executable_cells(nb: dict, skip: frozenset = frozenset()) -> list[tuple[str, str]]:
@@ -246,20 +255,26 @@ def _executable_cells(nb: dict, skip: frozenset = frozenset()) -> list[tuple[str
     `skip`: sources of free cells to leave out (the notebook's own pictures and
     scratch examples, as released: they define nothing the student wrote).
     """
-    out = []
-    for i, cell in enumerate(nb.get("cells", [])):
+    out, exercise, code_cells = [], None, 0
+    for cell in nb.get("cells", []):
+        src = cell.get("source", "")
+        src = "".join(src) if isinstance(src, list) else src
+        if cell.get("cell_type") == "markdown":
+            found = _EXERCISE_HEADING.findall(src if isinstance(src, str) else "")
+            if found:
+                exercise = " ".join(found[-1].split())
+            continue
         if cell.get("cell_type") != "code":
             continue
+        code_cells += 1
         meta = cell.get("metadata", {}).get("nbgrader", {}) or {}
         if meta.get("grade") and not meta.get("solution"):
             continue
-        src = cell.get("source", "")
-        src = "".join(src) if isinstance(src, list) else src
         if not meta and src in skip:
             continue
         # IPython-only syntax (magics, shell escapes) has no meaning here
         src = "\n".join(line for line in src.splitlines() if not line.lstrip().startswith(("%", "!")))
-        out.append((_cell_filename(meta, i), src))
+        out.append((_cell_filename(meta, code_cells, exercise), src))
     return out
 
 
