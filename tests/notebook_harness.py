@@ -23,7 +23,10 @@ cells run in order in this process, each test cell with its hidden tests):
     demo mutant earns partial credit (by default it must pass every other cell);
 (e) running every cell for a mutant, the failing set is exactly `must_fail`
     (`exact_sample` in `make test`, every mutant with COURSE_EXHAUSTIVE=1);
-(f) the builder reproduces the committed source notebook byte for byte.
+(f) the builder reproduces the committed source notebook byte for byte;
+(g) with one answer cell left as released (a stub) and every other one solved, every cell that fails names
+    that cell's exercise (a test of another exercise that uses it too: "Exercise 3 is not done yet: ...";
+    `stub_sample` in `make test`, every answer cell with COURSE_EXHAUSTIVE=1).
 The release notebook's leak check is tests/test_release.py's, real nbgrader's run tests/test_pipeline.py's.
 """
 
@@ -54,6 +57,19 @@ def nbgrader_meta(cell) -> dict:
     return cell.get("metadata", {}).get("nbgrader", {})
 
 
+def answer_cells(assignment: str) -> list[tuple[str, str]]:
+    """(grade id, "Exercise N") of each answer cell of the source notebook, in order."""
+    source = nbformat.read(notebook_path("source", assignment), as_version=4)
+    out, label = [], None
+    for cell in source.cells:
+        if cell.cell_type == "markdown":
+            found = re.findall(r"^#+\s*(Exercise\s+\d+)\b", cell.source, re.M)
+            label = found[-1] if found else label
+        elif nbgrader_meta(cell).get("solution"):
+            out.append((nbgrader_meta(cell)["grade_id"], label))
+    return out
+
+
 def graded_ids(assignment: str) -> list[str]:
     """The grade ids of the source notebook's graded cells, in order."""
     source = nbformat.read(notebook_path("source", assignment), as_version=4)
@@ -73,6 +89,8 @@ class NotebookTests:
     slow_to_catch: set[str] = set()
     # the sweep runs the graded cells only (not the scratch and picture cells between them)
     sweep_graded_cells_only: bool = False
+    # answer cells whose "one stub, the rest solved" run is in `make test` (all of them with COURSE_EXHAUSTIVE=1)
+    stub_sample: set[str] = set()
 
     # -- what each assignment says ------------------------------------------------------------------------
     def readable(self, msg: str) -> bool:
@@ -103,13 +121,19 @@ class NotebookTests:
 
     def pytest_generate_tests(self, metafunc):
         if "m" not in metafunc.fixturenames:
-            return
-        if metafunc.function.__name__ == "test_mutant_is_caught":
+            pass
+        elif metafunc.function.__name__ == "test_mutant_is_caught":
             wrong = [m for m in self.mutants if m.must_fail]
             metafunc.parametrize("m", [pytest.param(m, id=m.name, marks=pytest.mark.exhaustive
                                                     if m.name in self.slow_to_catch else ()) for m in wrong])
         elif metafunc.function.__name__ == "test_mutant_fails_exactly_its_cells":
             metafunc.parametrize("m", sweep(self.mutants, always=self.exact_sample))
+        if "answer" in metafunc.fixturenames:
+            cells = answer_cells(self.assignment)
+            unknown = self.stub_sample - {gid for gid, _ in cells}
+            assert not unknown, f"stub_sample names no answer cell: {unknown}"
+            metafunc.parametrize("answer", [pytest.param((gid, label), id=gid, marks=() if gid in self.stub_sample
+                                                         else pytest.mark.exhaustive) for gid, label in cells])
 
     # -- the tests -------------------------------------------------------------------------------------------
     def test_reference_gets_full_marks(self):
@@ -179,6 +203,22 @@ class NotebookTests:
         failed = {k for k, v in results.items() if not v.passed}
         unexpected = {k: results[k].message[:600] for k in failed - m.must_fail}
         assert failed == set(m.must_fail), (sorted(m.must_fail - failed), unexpected)
+
+    def test_a_stub_is_named_with_its_own_exercise_wherever_it_is_used(self, answer):
+        gid, label = answer
+        nb = reference_submission(self.assignment)
+        stub = next(c.source for c in untouched_submission(self.assignment).cells
+                    if nbgrader_meta(c).get("grade_id") == gid)
+        for cell in nb.cells:
+            if nbgrader_meta(cell).get("grade_id") == gid:
+                cell.source = stub
+        only = set(graded_ids(self.assignment)) if self.sweep_graded_cells_only else None
+        results = run_graded_cells(nb, self.assignment, only=only)
+        failed = {k: v.message for k, v in results.items() if not v.passed}
+        assert failed, f"no cell fails with {gid} left as the stub"
+        wrong = {k: msg[:300] for k, msg in failed.items()
+                 if not msg.startswith(f"NotImplementedError: {label} is not done yet: ")}
+        assert not wrong, f"with {gid} ({label}) a stub, these cells do not name {label}: {wrong}"
 
     def test_builder_reproduces_the_source_notebook(self):
         builder = os.path.join(ROOT, "assignments", self.assignment, "_build_nb.py")

@@ -13,7 +13,7 @@ import time
 
 from notebook_harness import NotebookTests
 
-from solutions.submissions import mutant_submission, run_graded_cells
+from solutions.submissions import mutant, mutant_submission, run_graded_cells
 
 
 class TestContextParallelNotebook(NotebookTests):
@@ -32,6 +32,8 @@ class TestContextParallelNotebook(NotebookTests):
         "ulysses_dims_swapped": {"test_seq_all_to_all", "test_ulysses_errors"},
     }
     exact_sample = {"zigzag_wasted_work"}
+    # Exercise 3's ring is used by the tests of exercises 4 and 5: each names Exercise 3 while it is a stub
+    stub_sample = {"ring_forward"}
     # The deadlocking mutant costs a 5 s timeout per cell: its fast check is the deadlock test below.
     slow_to_catch = {"ring_reversed_one_side"}
 
@@ -49,3 +51,13 @@ class TestContextParallelNotebook(NotebookTests):
         assert "did not finish" in msg and "(rank - 1) % w" in msg and "deadlock" in msg, msg[:1500]
         assert "ring_attention_forward" in msg and "work.wait()" in msg, msg[:1500]  # where every rank waited
         assert elapsed < 15, elapsed  # the runner sees the ranks idle within seconds (and the cell's timeout is 5 s)
+
+    def test_every_wrong_output_is_named_in_the_first_lines(self):
+        """A ring that keeps only its last block: out and lse both wrong; lse is named, not '(1 more wrong
+        tensor(s))' behind out's detail."""
+        m = mutant("last_block_only", "ring_forward",
+                   [("            out, lse = merge_attention(out, lse, block_out, block_lse)\n",
+                     "            out, lse = block_out, block_lse\n")], {"test_ring_forward"})
+        results = run_graded_cells(mutant_submission(self.assignment, m), self.assignment, only={"test_ring_forward"})
+        lines = results["test_ring_forward"].message.splitlines()
+        assert lines[1].startswith("Wrong: out on rank 1; lse on rank 1"), lines[:3]

@@ -149,3 +149,21 @@ def test_assert_close_accepts_rounding_and_matching_infinities():
     assert_close(torch.tensor([1, 2]), torch.tensor([1, 2]), name="counts")
     with pytest.raises(CheckFailure, match="compared exactly"):
         assert_close(torch.tensor([1, 3]), torch.tensor([1, 2]), name="counts")
+
+
+def test_findings_name_every_wrong_tensor_in_the_first_lines():
+    """A wrong lse is named even when out (the first in detail) is wrong too, on every rank it is wrong on."""
+    from autograder.runtime.compare import Findings
+
+    findings = Findings()
+    for rank in range(3):
+        with findings.numbers():
+            assert_close(torch.zeros(3), torch.ones(3) if rank == 1 else torch.zeros(3),
+                         name="ring_attention(q, k, v) on contiguous shards, group rank 1: out", rank=rank)
+        with findings.numbers():
+            assert_close(torch.zeros(2), torch.ones(2), name="ring_attention(q, k, v), group rank 1: lse", rank=rank)
+    with pytest.raises(CheckFailure) as info:
+        findings.raise_if_any()
+    lines = str(info.value).splitlines()
+    assert lines[0] == "Wrong: lse on ranks 0, 1, 2; out on rank 1; the first in detail:", lines
+    assert lines[1].startswith("rank 0: ring_attention(q, k, v), group rank 1: lse: 2 of 2 elements differ"), lines

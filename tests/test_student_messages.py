@@ -184,3 +184,32 @@ def test_the_graders_verdict_names_the_exercises_answer_cell_never_a_file():
     assert "answer cell of Exercise 1 (all_reduce_gradients), line " in msg and ", in _check_sizes" in msg, msg
     for bad in ("<answer", "ipykernel", ".py:", "/tmp/", "dynamic-code"):
         assert bad not in msg, (bad, msg)
+
+
+def test_picture_and_scratch_cells_show_the_one_line_verdict_of_a_stub():
+    """Outside a test cell (a picture, a scratch run) a stub reached through the course's code is named with its
+    exercise in one line, as a test cell names it: no frame of the course's runner, checks or lessons."""
+    release = submissions.untouched_submission("01_data_parallel")
+    keep, pictures = [], []
+    for cell in release.cells:
+        meta = _meta(cell)
+        if cell.cell_type != "code" or meta.get("grade") and not meta.get("solution"):
+            continue
+        if meta:  # given cells and the answer cells (stubs)
+            keep.append(cell.source)
+        elif "ddp_timeline(" in cell.source or "plot_memory_ledger(" in cell.source or "show_fsdp" in cell.source:
+            pictures.append(cell.source)
+    assert len(pictures) == 3, pictures
+    own_error = "def my_helper():\n    raise RuntimeError('my own error')\nmy_helper()"
+    nb, _ = _run(keep + pictures + [own_error])
+    shown = [_shown(cell) for cell in nb.cells[-4:-1]]
+    mine = _shown(nb.cells[-1])  # the student's own error: shown as IPython always shows it, frames and all
+    assert "RuntimeError" in mine and "my own error" in mine and "my_helper()" in mine, mine
+    expected = {"show_fsdp": "Exercise 5 is not done yet: fully_shard is still the stub",
+                "ddp_timeline": "Exercise 2 is not done yet: BucketedDDP.__init__ is still the stub",
+                "plot_memory_ledger": "Exercise 3 is not done yet: zero_bytes_per_param is still the stub"}
+    for source, text in zip(pictures, shown):
+        want = next(v for k, v in expected.items() if k in source)
+        assert text.startswith(f"NotImplementedError: {want}") and "This cell uses it: implement Exercise" in text, text
+        assert len(text.strip().splitlines()) == 1, text
+        _assert_no_internals(text)

@@ -18,6 +18,7 @@ rebuild reproduces the notebook byte for byte.
 from __future__ import annotations
 
 import ast
+import copy
 import inspect
 import os
 import textwrap
@@ -114,6 +115,7 @@ class NotebookBuilder:
         self.cells = []
         self._ids: set[str] = set()
         self._exercise: str | None = None
+        self._owned: dict[str, list[str]] = {}  # exercise label -> names its answer cells define
 
     # -- cells ----------------------------------------------------------------
     def _cell_id(self, base: str) -> str:
@@ -163,6 +165,11 @@ class NotebookBuilder:
         meta = self._meta(grade_id=grade_id, solution=True)
         if names:
             meta["course"] = {"names": list(names)}
+        if self._exercise is not None:
+            defined = [n.name for n in ast.parse(source).body
+                       if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+            owned = self._owned.setdefault(self._exercise, [])
+            owned += [n for n in defined if n not in owned]
         cell = v4.new_code_cell(source, metadata=meta)
         cell.id = self._cell_id(grade_id)
         self.cells.append(cell)
@@ -223,9 +230,35 @@ class NotebookBuilder:
                   + textwrap.dedent(checks_src).strip() + ")")
 
     # -- output -----------------------------------------------------------------
+    def _owners_call(self) -> str:
+        """The set-up cell's last lines: which exercise's answer cells define which functions."""
+        entries = ""
+        for label, names in self._owned.items():
+            line = f'    "{label}": ['
+            for i, name in enumerate(names):
+                item = f'"{name}"' + (", " if i < len(names) - 1 else "")
+                if len(line) + len(item) > 110:
+                    entries += line.rstrip() + "\n"
+                    line = " " * 8
+                line += item
+            entries += line + "],\n"
+        return ("\n\n# Which exercise defines each function you write (a test or a picture that uses one still a stub\n"
+                "# names that exercise), and every cell's failure shown as the test cells show theirs.\n"
+                "from autograder.runtime import course_notebook\n\n"
+                f"course_notebook({{\n{entries}}})")
+
     def notebook(self):
         nb = v4.new_notebook()
-        nb.cells = self.cells
+        cells = list(self.cells)
+        if self._owned:
+            for i, cell in enumerate(cells):
+                meta = cell.metadata.get("nbgrader", {})
+                if cell.cell_type == "code" and meta.get("locked") and not meta.get("grade") \
+                        and _imports_checking(cell.source):
+                    cells[i] = copy.deepcopy(cell)
+                    cells[i].source = cell.source + self._owners_call()
+                    break
+        nb.cells = cells
         nb.metadata = {
             "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
             "language_info": {"name": "python"},

@@ -600,12 +600,15 @@ def _check_ring_results(case, refs, results, *, dtype, batch, seq, n_heads, head
                                 context=f"{tag}: backward sends K/V again, 2(w - 1) = {kv}, "
                                 f"and the dK/dV accumulators home, 2w = {dkv_ring} (a full turn) or 2(w - 1) = "
                                 f"{dkv_te}")
+        # each tensor on its own: a wrong lse is named even when out is wrong too
         with findings.numbers():
             assert_close(res["out"], ref["out"][r].to(dtype), name=f"{tag}: out", rank=rank)
+        with findings.numbers():
             assert_close(res["lse"], ref["lse"][r], name=f"{tag}: lse", rank=rank, check_dtype=False,
                          rtol=rtol, atol=atol)
-            if case["backward"]:
-                for name in ("dq", "dk", "dv"):
+        if case["backward"]:
+            for name in ("dq", "dk", "dv"):
+                with findings.numbers():
                     assert_close(res[name], ref[name][r].to(dtype), name=f"{tag}: {name[1]}.grad", rank=rank)
     findings.raise_if_any()
 
@@ -1045,6 +1048,7 @@ def check_seq_all_to_all(seq_all_to_all, *, world_size: int = 2, shape=(2, 4, 6,
                             numel=math.prod(shape), context=ctx)
         with findings.numbers():
             assert_close(res["out"], ys[rank].detach(), name=f"{ctx}: output", rank=rank)
+        with findings.numbers():
             assert_close(res["grad"], xs[rank].grad, name=f"{ctx}: input gradient (the inverse all-to-all)",
                          rank=rank)
     findings.raise_if_any()
@@ -1099,7 +1103,8 @@ def check_ulysses_attention(ulysses_attention, *, world_size: int = 2, causal: b
                             context=f"{ctx}: q, k, v and out, each [b, s/w, n, d] <-> [b, s, n/w, d]")
         with findings.numbers():
             assert_close(res["out"], contiguous_shard(out, rank, w).to(dtype), name=f"{ctx}: out", rank=rank)
-            for name, g in zip(("dq", "dk", "dv"), grads):
+        for name, g in zip(("dq", "dk", "dv"), grads):
+            with findings.numbers():
                 assert_close(res[name], contiguous_shard(g, rank, w).to(dtype), name=f"{ctx}: {name[1]}.grad",
                              rank=rank)
     findings.raise_if_any()

@@ -28,6 +28,7 @@ _EXPORTS = {
     "run_distributed": "dist",
     "checking": "report",
     "show_internals": "report",
+    "course_notebook": "report",
     "CommLedger": "ledger",
     "format_trace": "ledger",
     "run_nccl_checks": "gpu",

@@ -10,6 +10,7 @@ every failure message.
 from __future__ import annotations
 
 import contextlib
+import re
 
 import torch
 
@@ -17,7 +18,10 @@ __all__ = ["CheckFailure", "TOLERANCES", "tolerance", "assert_close", "fmt_shape
 
 
 class CheckFailure(AssertionError):
-    """A graded check failed; the message says what, where, expected vs got."""
+    """A graded check failed; the message says what, where, expected vs got. `subject`: the tensor it is about
+    (`rank 1: lse`), where an element-wise comparison raised it."""
+
+    subject: str = ""
 
 
 class Findings:
@@ -43,14 +47,16 @@ class Findings:
         self.comm: list[str] = []
         self.hints: list[str] = []
         self.numeric: list[str] = []
+        self.subjects: list[str] = []  # the tensor of each numeric finding (`rank 1: lse`)
 
-    @staticmethod
     @contextlib.contextmanager
-    def _collect(bucket: list):
+    def _collect(self, bucket: list):
         try:
             yield
         except CheckFailure as exc:
             bucket.append(str(exc))
+            if bucket is self.numeric:
+                self.subjects.append(exc.subject or _subject_of(str(exc)))
 
     def numbers(self):
         """A block of element-wise comparisons."""
@@ -71,10 +77,34 @@ class Findings:
                 parts.append(f"({len(comm) - 1} more communication finding(s) on other ranks or ops)")
         if self.numeric:
             lead = "The numbers are wrong too: " if comm else ""
-            parts.append(lead + self.numeric[0])
             if len(self.numeric) > 1:
-                parts.append(f"({len(self.numeric) - 1} more wrong tensor(s) on this or other ranks)")
+                parts.append(f"{lead or 'Wrong: '}{_wrong_tensors(self.subjects)}; the first in detail:")
+                lead = ""
+            parts.append(lead + self.numeric[0])
         raise CheckFailure("\n".join(parts))
+
+
+def _subject_of(message: str) -> str:
+    """`rank 1: lse` of a finding written as `rank 1: lse: ...` (the first 60 characters otherwise)."""
+    m = re.match(r"(rank \d+: )?([^:;\n]{1,60})", message)
+    return m.group(0).strip() if m else message[:60]
+
+
+def _wrong_tensors(subjects: list[str]) -> str:
+    """`lse on ranks 0, 1, 2; out on rank 1`: every wrong tensor, briefly, from `rank R: name` subjects."""
+    by_name: dict[str, list[str]] = {}
+    for subject in subjects:
+        rank, sep, name = subject.partition(": ") if subject.startswith("rank ") else ("", "", subject)
+        name = name.rsplit(": ", 1)[-1]  # a long context (`ring_attention(...) on ...: lse`): its tensor
+        ranks = by_name.setdefault(name, [])
+        if sep and rank[5:] not in ranks:
+            ranks.append(rank[5:])
+    items = []
+    for name, ranks in by_name.items():
+        where = "" if not ranks else f" on rank {ranks[0]}" if len(ranks) == 1 else f" on ranks {', '.join(ranks)}"
+        items.append(name + where)
+    shown = "; ".join(items[:8])
+    return shown + (f"; and {len(items) - 8} more" if len(items) > 8 else "")
 
 
 # (rtol, atol) per dtype: torch.testing.assert_close's defaults, which allow for
@@ -114,6 +144,14 @@ def assert_close(actual, expected: torch.Tensor, *, name: str, rank: int | None 
     expected and actual values there, how many elements differ, and the tolerance.
     """
     where = _where(name, rank)
+    try:
+        _compare(actual, expected, where, rtol, atol, check_dtype)
+    except CheckFailure as exc:
+        exc.subject = where
+        raise
+
+
+def _compare(actual, expected: torch.Tensor, where: str, rtol, atol, check_dtype: bool) -> None:
     if actual is None:
         raise CheckFailure(f"{where} is None; expected a tensor of shape {fmt_shape(expected.shape)} "
                            f"({dtype_name(expected.dtype)}).")

@@ -27,7 +27,7 @@ import traceback
 from dataclasses import dataclass, field
 
 __all__ = ["checking", "show_internals", "note_run", "student_frames", "is_student_file", "describe_location",
-           "student_sources", "install_sources", "name_exercises"]
+           "student_sources", "install_sources", "course_notebook", "exercise_of", "render_outside_check"]
 
 _FULL = {"on": os.environ.get("AUTOGRADER_TRACEBACK", "").lower() == "full"}
 
@@ -170,6 +170,92 @@ def _stub_name(exc: BaseException) -> str | None:
     return None
 
 
+# -- which exercise owns each function the student writes ----------------------------------------
+
+_EXERCISE_OF: dict[str, str] = {}
+
+
+def course_notebook(exercises: dict) -> None:
+    """A notebook's set-up (its builder writes the call): `exercises` names the functions each exercise's answer
+    cells define, `{"Exercise 3": ["ring_attention_forward", ...], ...}`, so that a test (or a picture) that uses
+    a function still a stub names the exercise that owns it, not its own. In a Jupyter kernel it also makes
+    every cell, scratch and picture cells included, show the course's errors as the test cells do: the verdict
+    and the student's own lines, never the course's frames (`show_internals` shows everything).
+    """
+    _EXERCISE_OF.clear()
+    for label, names in exercises.items():
+        for name in names:
+            _EXERCISE_OF[name] = label
+    _install_display_hook()
+
+
+def exercise_of(stub: str) -> str | None:
+    """"Exercise 3" for `ring_attention_forward` or `RingAttention.backward` (its class), if the notebook said."""
+    if not stub:
+        return None
+    return _EXERCISE_OF.get(stub) or _EXERCISE_OF.get(stub.split(".")[0])
+
+
+def _stub_text(stub: str, label: str | None) -> str:
+    """The one-line verdict for a stub: its own exercise named, and where to go."""
+    owner = exercise_of(stub)
+    if owner and owner != label:
+        where = "This test" if label else "This cell"
+        return (f"{owner} is not done yet: {stub} is still the stub (it raises NotImplementedError). {where} uses "
+                f"it: implement {owner} first, run its answer cell, then run this one again.")
+    if label:
+        return (f"{label} is not done yet: {stub} is still the stub (it raises NotImplementedError). "
+                f"Implement it in the answer cell of {label}, run that cell, then run this one again.")
+    return (f"{stub} is still the stub (it raises NotImplementedError): implement it in its answer cell, run that "
+            f"cell, then run this one again.")
+
+
+def render_outside_check(exc: BaseException) -> list[str] | None:
+    """What a scratch or picture cell shows for one of the course's errors (a failed run, a check's verdict, a
+    stub reached through the course's code): the verdict and the student's frames, as a test cell shows them.
+    None for any other error (the student's own, shown as Python shows it)."""
+    if internals_shown():
+        return None
+    stub = _stub_name(exc)
+    if stub is not None:
+        return [f"NotImplementedError: {_stub_text(stub, None)}"]
+    from autograder.runtime.compare import CheckFailure
+
+    if isinstance(exc, CheckFailure) or _is_distributed_error(exc):
+        return _render(exc, str(exc))
+    return None
+
+
+def _is_distributed_error(exc: BaseException) -> bool:
+    """autograder.runtime.dist.DistributedError (which imports this module: named, not imported)."""
+    return isinstance(exc, RuntimeError) and type(exc).__name__ == "DistributedError" and hasattr(exc, "failures")
+
+
+def _display_hook(shell, etype, value, tb, tb_offset=None):
+    """IPython's handler for the course's errors in any cell (course_notebook installs it)."""
+    render = getattr(value, "_render_traceback_", None)
+    stb = None
+    if callable(render):
+        stb = render()
+    if stb is None:
+        stb = render_outside_check(value)
+    if stb is None:
+        stb = shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)
+    shell._showtraceback(etype, value, stb)
+    return stb
+
+
+def _install_display_hook() -> None:
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None or not hasattr(shell, "set_custom_exc"):
+        return
+    from autograder.runtime.compare import CheckFailure
+
+    # RuntimeError: DistributedError's base; any other error of these types is shown as IPython shows it
+    shell.set_custom_exc((RuntimeError, CheckFailure, NotImplementedError), _display_hook)
+
+
 def _render(exc: BaseException, text: str) -> list[str]:
     """The lines IPython shows for a failed graded cell: the verdict, then the student's own frames.
 
@@ -226,8 +312,7 @@ def checking(label: str, what: str):
             raise
         stub = _stub_name(exc)
         if stub is not None:
-            text = (f"{label} is not done yet: {stub} is still the stub (it raises NotImplementedError). "
-                    f"Implement it in the answer cell of {label}, run that cell, then run this one again.")
+            text = _stub_text(stub, label)
             new = NotImplementedError(text)
             _attach_rendering(new, text)
             raise new from None
