@@ -262,13 +262,15 @@ def build() -> NotebookBuilder:
     only. Leave those two as they are. Graded: out and lse against full attention (world
     sizes 1 to 4, causal or not, a CP group inside a larger world, lse above
     709), exactly `2(w-1)` sends of `[b, s/w, n, d]` to the next group rank and
-    `2(w-1)` receives from the previous one, and, from the ledger's order of
-    posts, compute and waits, that each transfer is in flight while a block
-    is computed. Details: [02_ring_attention.md](../../assignments/04_context_parallel/02_ring_attention.md).
+    `2(w-1)` receives from the previous one, under `causal` the work of each
+    rank (`FlopCounterMode`: rank `r` may do at most `(r+1)/w` of the last
+    rank's matmul FLOPs, so a fully masked block must be skipped, not
+    computed), and, from the ledger's order of posts, compute and waits, that
+    each transfer is in flight while a block is computed. Details: [02_ring_attention.md](../../assignments/04_context_parallel/02_ring_attention.md).
     """)
     nb.solution_from("ring_forward", cp, "ring_send_recv", "ring_attention_forward", "_RingAttention", "ring_attention")
     nb.test("test_ring_forward", 12,
-            doc="ring_attention forward: out and lse equal full attention; 2(w-1) sends to the next rank, 2(w-1) receives from the previous.",
+            doc="ring_attention forward: out and lse equal full attention; 2(w-1) sends to the next rank, 2(w-1) receives from the previous; causal: masked blocks skipped.",
             visible="""
     check_ring_attention(ring_attention, world_size=2, causal=True)
     check_ring_attention(ring_attention, world_size=4, causal=False, timeout=5)
@@ -323,7 +325,9 @@ def build() -> NotebookBuilder:
     dK and dV (one full turn) every accumulator is back with its owner: wait
     for that last one and return it. Per rank: `2(w-1)` K/V sends and `2w` dK/dV
     sends (TransformerEngine's variant with `2(w-1)` is accepted too), none
-    for a group of one. Why the final lse and not each block's own:
+    for a group of one. Under `causal` the backward's work per rank is
+    measured as the forward's (a fully masked block skipped, not computed).
+    Why the final lse and not each block's own:
     [02_ring_attention.md](../../assignments/04_context_parallel/02_ring_attention.md).
     """)
     nb.solution_from("ring_backward", cp, "ring_attention_backward")

@@ -97,27 +97,11 @@ def _student(fn, *args, what: str, **kwargs):
         raise
 
 
-# the exercise of each student function, for the tests that compose several of them
-_EXERCISE_OF = {"rank_layout": 1, "_orthogonal_groups": 1, "build_process_groups": 2, "build_device_mesh": 2,
-                "local_batch": 3, "apply_tensor_parallel": 4, "apply_fsdp": 5, "pipeline_loss_fn": 6,
-                "reduce_loss_for_logging": 6, "allreduce_tied_embedding_grads": 7, "clip_grad_norm_": 8,
-                "split_model_for_pipeline": 9, "build_schedule": 9, "pipeline_train_step": 9}
-
-
 def _run_composed(exercise: int, fn, world_size: int, **kwargs):
-    """run_distributed for a test that uses functions of several exercises: a stub of ANOTHER exercise is
-    named with its own exercise (the cell's label alone would send the student to the wrong answer cell)."""
-    try:
-        return run_distributed(fn, world_size, **kwargs)
-    except DistributedError as exc:
-        stub = exc.stub
-        owner = _EXERCISE_OF.get(stub.split(".")[0]) if stub else None
-        if owner is not None and owner != exercise:
-            raise NotImplementedError(
-                f"Exercise {owner} is not done yet: {stub} is still the stub (it raises NotImplementedError). "
-                f"This test uses it: implement Exercise {owner} first, run its cell, then run this one again."
-            ) from None
-        raise
+    """run_distributed for a test that uses functions of several exercises. A stub of another exercise is named
+    with its own exercise by `checking` (the notebook's set-up cell tells it which exercise defines which
+    function: autograder.runtime.report.course_notebook)."""
+    return run_distributed(fn, world_size, **kwargs)
 
 
 def _one_rank(program, *args, timeout: float = _TIMEOUT):
@@ -1044,9 +1028,11 @@ def check_step_time(step_time, model, cluster, layout, training, *, expected: di
 
 
 def check_plan(plan, model, cluster, layout, training, *, feasible: bool, reason: str | None = None,
-               memory_gb: tuple | None = None) -> None:
+               memory_gb: tuple | None = None, check_mfu: bool = False) -> None:
     """`plan(...)` judges a layout as given: feasible or not, a reason containing `reason`, the worst GPU's
-    memory within `memory_gb` = (low, high)."""
+    memory within `memory_gb` = (low, high); with `check_mfu`, its `mfu` is the model's FLOPs of the step
+    (global batch x seq x flops_per_token(seq), no recomputation) over the plan's own total time x GPUs x peak
+    (relative 1e-9: a wrong step time is exercise 11's to grade, not this)."""
     from autograder.lessons.planner import Plan
 
     what = f"plan({_describe_case(model, layout, training, cluster)})"
@@ -1067,53 +1053,41 @@ def check_plan(plan, model, cluster, layout, training, *, feasible: bool, reason
         raise CheckFailure(f"{what}: feasible, yet with reasons {p.reasons}")
     if reason is not None and not any(reason in r for r in p.reasons):
         raise CheckFailure(f"{what}: expected a reason mentioning {reason!r}, got {p.reasons}")
+    if check_mfu:
+        got, total = p.mfu, p.time.get("total") if isinstance(p.time, dict) else None
+        if not isinstance(total, (int, float)) or total <= 0:
+            raise CheckFailure(f"{what}: time['total'] is {total!r}, expected a positive number of seconds")
+        step_flops = training.global_batch * training.seq_len * model.flops_per_token(training.seq_len)
+        want = step_flops / (total * cluster.num_gpus * cluster.node.peak_flops)
+        if not isinstance(got, (int, float)) or isinstance(got, bool) or not math.isclose(got, want, rel_tol=1e-9):
+            shown = f"{got:.6g}" if isinstance(got, (int, float)) else repr(got)
+            raise CheckFailure(f"{what}: mfu {shown}, expected {want:.6g}: the model's FLOPs of the step, "
+                               f"{step_flops:.6g} (global batch x seq x flops_per_token, no recomputation), over "
+                               f"total seconds x GPUs x peak FLOP/s = {total:.6g} x {cluster.num_gpus} x "
+                               f"{cluster.node.peak_flops:g}")
 
 
-def _search_program(rank, world_size, best_layouts, plan, model, cluster, training, top, zero_stages, recompute,
-                    must_include):
-    from autograder.lessons.planner import Layout
-
-    got = best_layouts(model, cluster, training, zero_stages=zero_stages, recompute=recompute, top=top)
-    n = cluster.num_gpus
-    candidates = []
-    for tp in [1 << i for i in range(12) if (1 << i) <= cluster.node.gpus]:
-        for cp in [1 << i for i in range(6)]:
-            if n % (tp * cp):
-                continue
-            rest = n // (tp * cp)
-            for pp in (x for x in range(1, min(rest, model.n_layers) + 1) if rest % x == 0):
-                for zero in zero_stages:
-                    for rc in recompute:
-                        candidates.append(plan(model, cluster, Layout(tp=tp, cp=cp, pp=pp, dp=rest // pp, zero=zero,
-                                                                      recompute=rc), training))
-    return got, candidates, [plan(model, cluster, layout, training) for layout in must_include]
-
-
-def check_best_layouts(best_layouts, plan, model, cluster, training, *, top: int = 3, zero_stages=(1,),
-                       recompute=("none", "full"), must_include=()) -> None:
-    """`best_layouts` returns the `top` fastest feasible plans of the whole candidate space, judged by the
-    student's own `plan` (so this checks the search, not the numbers): every candidate (tp a power of two up
-    to the node's GPUs, cp a power of two up to 32, pp a divisor of what is left up to the layers) is planned,
-    and the returned list must be exactly the fastest feasible ones, fastest first. Layouts in
-    `must_include` must be feasible."""
+def check_best_layouts(best_layouts, model, cluster, training, *, expected: list, top: int = 3, zero_stages=(1,),
+                       recompute=("none", "full")) -> None:
+    """`best_layouts` returns, fastest first, exactly the `expected` layouts: the `top` fastest feasible ones
+    of the whole candidate space as the course's reference planner judges them (the builder computes
+    `expected` with it), so a search that ranks with wrong memory or time numbers does not pass; every plan
+    it returns is feasible."""
     from autograder.lessons.planner import Plan
 
     what = f"best_layouts({model.name}, {cluster.num_gpus} GPUs, top={top})"
-    got, candidates, published = _one_rank(_search_program, best_layouts, plan, model, cluster, training, top,
-                                           tuple(zero_stages), tuple(recompute), list(must_include))
+    got = _one_rank(_call_program, best_layouts, (model, cluster, training),
+                    dict(zero_stages=tuple(zero_stages), recompute=tuple(recompute), top=top))
     if not isinstance(got, list) or not all(isinstance(p, Plan) for p in got):
         raise CheckFailure(f"{what}: expected a list of Plan, got {type(got).__name__}")
-    feasible = sorted((p for p in candidates if p.feasible), key=lambda p: (p.time["total"], p.memory["total"]))
-    want = [p.layout for p in feasible[:top]]
     have = [p.layout for p in got]
-    if have != want:
+    if have != list(expected):
         def names(layouts):
-            return [lay.name for lay in layouts]
-        raise CheckFailure(f"{what}: expected the {top} fastest feasible of the {len(candidates)} candidates (judged "
-                           f"by your plan), fastest first: {names(want)}; got {names(have)}")
+            return [lay.name + (f", micro-batch {lay.micro_batch}" if lay.micro_batch != 1 else "")
+                    for lay in layouts]
+        raise CheckFailure(f"{what}: expected the {top} fastest feasible layouts, fastest first, as the course's "
+                           f"reference planner ranks them: {names(expected)}; got {names(have)}. A search that is "
+                           f"right ranks wrong when memory_per_gpu, step_time or plan are off: check those first.")
     for p in got:
         if not p.feasible:
             raise CheckFailure(f"{what}: returned an infeasible plan: {p.layout.name} ({p.reasons})")
-    for layout, p in zip(must_include, published):
-        if not p.feasible:
-            raise CheckFailure(f"{what}: the published layout {layout.name} must be feasible, got {p.reasons}")

@@ -611,6 +611,38 @@ def _check_ring_results(case, refs, results, *, dtype, batch, seq, n_heads, head
                 with findings.numbers():
                     assert_close(res[name], ref[name][r].to(dtype), name=f"{tag}: {name[1]}.grad", rank=rank)
     findings.raise_if_any()
+    if case["layout"] == "contiguous" and case["causal"] and size > 1:
+        for phase in ("forward", "backward") if case["backward"] else ("forward",):
+            _check_causal_work(case, results, phase)
+
+
+def _phase_flops(res, phase: str) -> int:
+    """The FLOPs a rank's traced matmuls did in `phase` (FlopCounterMode's formulas, per op)."""
+    phase_of = {o.seq: o.phase for o in res["ops"]}
+    return sum(f for seq, f in res["flops"].items() if phase_of.get(seq) == phase)
+
+
+def _check_causal_work(case, results, phase: str) -> None:
+    """Causal ring on contiguous shards: group rank r's queries see the keys of group ranks 0..r only, so it does
+    at most (r + 1) / w of the last rank's work (the blocks of later ranks are fully masked: skipped). Measured
+    from the traced matmuls; no exact counts (the diagonal block may be computed whole or only its visible part)."""
+    size = case["cp_size"]
+    for index in sorted({res["group_index"] for res in results}):
+        group = {res["group_rank"]: (rank, _phase_flops(res, phase)) for rank, res in enumerate(results)
+                 if res["group_index"] == index}
+        last = group[size - 1][1]
+        if last <= 0:
+            continue  # no matmul was traced (SDPA counts 0): test_ring_overlap and the zigzag balance say so
+        table = ", ".join(f"group rank {r}: {group[r][1]}" for r in range(size))
+        for r in range(size - 1):
+            rank, flops = group[r]
+            if flops > (r + 1) / size * last * 1.01:
+                raise CheckFailure(
+                    f"rank {rank}: {case['what']}, group rank {r}: {flops} FLOPs in {phase}, more than "
+                    f"(r + 1) / w = {r + 1}/{size} of the last group rank's {last}. With the causal mask the "
+                    f"queries of group rank {r} see only the keys of group ranks 0..{r}: the K/V blocks of later "
+                    f"ranks are fully masked, skip them instead of computing them (FlopCounterMode counts a "
+                    f"masked block as full work). FLOPs per group rank in {phase}: {table}.")
 
 
 def _span(pos: list[int]) -> str:

@@ -147,7 +147,8 @@ class DistributedError(RuntimeError):
     @property
     def stub(self) -> str:
         """The stub function every rank that raised is stuck in ("" if the failure is something else)."""
-        raised = [f for f in self.failures if f.kind == "exception"]
+        # a rank that failed only because a peer did (its connection closed) says nothing about stubs
+        raised = [f for f in self.failures if f.kind == "exception" and not _secondary(f)]
         if raised and all(f.stub for f in raised) and not [f for f in self.failures if f.kind == "crash"]:
             return raised[0].stub
         return ""

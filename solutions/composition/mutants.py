@@ -159,21 +159,99 @@ MUTANTS = [
     mutant(
         "memory_zero_over_dp_only", "planner_memory",
         [("d = layout.dp * layout.cp", "d = layout.dp")],
-        must_fail={"test_memory_per_gpu"},
+        must_fail={"test_memory_per_gpu", "test_best_layouts"},
         why="ZeRO shards over the DP ranks only, although the CP ranks hold the same weights",
     ),
     mutant(
         "memory_every_microbatch_in_flight", "planner_memory",
         [("in_flight = min(layout.pp - s, m)", "in_flight = m")],
-        must_fail={"test_memory_per_gpu", "test_plan_published"},
+        must_fail={"test_memory_per_gpu", "test_plan_published", "test_best_layouts"},
         why="every micro-batch kept in flight (GPipe's memory), not 1F1B's min(pp - stage, m): a published "
             "layout no longer fits",
     ),
     mutant(
         "time_bubble_over_pp", "planner_time",
         [("bubble = compute * (layout.pp - 1) / m", "bubble = compute * (layout.pp - 1) / layout.pp")],
-        must_fail={"test_step_time"},
+        must_fail={"test_step_time", "test_best_layouts"},
         why="the bubble as a fraction of the stages, not of the micro-batches",
+    ),
+    mutant(
+        "time_tp_recompute_forgotten", "planner_time",
+        [("count = 4 + 6 + (4 if full else 0)", "count = 4 + 6")],
+        must_fail={"test_step_time"},
+        why="full recomputation's forward left out of TP's collectives (10 per layer, not 14)",
+    ),
+    mutant(
+        "time_microbatch_one", "planner_time",
+        [("s, b, act = training.seq_len, layout.micro_batch, training.activation_bytes",
+          "s, b, act = training.seq_len, 1, training.activation_bytes")],
+        must_fail={"test_step_time"},
+        why="TP, CP and PP volumes computed for a micro-batch of one sequence whatever the layout's micro-batch",
+    ),
+    mutant(
+        "time_tp_whole_sequence", "planner_time",
+        [("vol = tp_layer_bytes(s // layout.cp, b, model.hidden", "vol = tp_layer_bytes(s, b, model.hidden")],
+        must_fail={"test_step_time", "test_best_layouts"},
+        why="TP's collectives sized for the whole sequence, although a CP rank holds s / cp of it",
+    ),
+    mutant(
+        "time_cp_link_in_node", "planner_time",
+        [("cp_total = m * layers * sends * transfer_seconds(block, link(\"cp\"))",
+          "cp_total = m * layers * sends * transfer_seconds(block, node.nvlink)")],
+        must_fail={"test_step_time", "test_best_layouts"},
+        why="the CP ring always on NVLink, even when its group (stride tp) leaves the node",
+    ),
+    mutant(
+        "time_dp_over_dp_only", "planner_time",
+        [("    d = layout.dp * layout.cp\n    dp_total = dp = 0.0", "    d = layout.dp\n    dp_total = dp = 0.0")],
+        must_fail={"test_step_time", "test_best_layouts"},
+        why="DP traffic over the DP ranks only: with DP 1 and CP 2 the gradients are never reduced across CP",
+    ),
+    mutant(
+        "time_pp_link_in_node", "planner_time",
+        [('pp = 2 * m * transfer_seconds(one, link("pp"))', "pp = 2 * m * transfer_seconds(one, node.nvlink)")],
+        must_fail={"test_step_time", "test_best_layouts"},
+        why="pipeline sends always on NVLink, even when the pipeline group (stride tp x cp) leaves the node",
+    ),
+    mutant(
+        "time_dp_share_one_third", "planner_time",
+        [("share = 1 / 4 if full else 1 / 3", "share = 1 / 3")],
+        must_fail={"test_step_time"},
+        why="DP's collectives hidden behind a third of a micro-batch's compute with full recompute too (the "
+            "forward is then half of the backward's compute: a quarter of the micro-batch)",
+    ),
+    mutant(
+        "time_zero3_all_hidden", "planner_time",
+        [("dp = max(0.0, dp_total - compute)", "dp = 0.0")],
+        must_fail={"test_step_time", "test_best_layouts"},
+        why="ZeRO-3's traffic taken as always hidden, even when it exceeds the whole step's compute",
+    ),
+    mutant(
+        "plan_mfu_counts_recompute", "planner_search",
+        [("model_flops = training.global_batch * training.seq_len * model.flops_per_token(training.seq_len)",
+          "model_flops = training.global_batch * training.seq_len * model.flops_per_token(training.seq_len) * (\n"
+          "        4 / 3 if layout.recompute == \"full\" else 1)")],
+        must_fail={"test_plan_published"},
+        why="the recomputed forward counted as model FLOPs: hardware utilisation, not MFU",
+    ),
+    mutant(
+        "plan_no_layers_rule", "planner_search",
+        [("    if layout.pp > model.n_layers:\n", "    if False:\n")],
+        must_fail={"test_plan_published"},
+        why="more pipeline stages than layers not rejected",
+    ),
+    mutant(
+        "plan_mfu_compute_only", "planner_search",
+        [('mfu = model_flops / (time["total"] * cluster.num_gpus * cluster.node.peak_flops)',
+          'mfu = model_flops / (time["compute"] * cluster.num_gpus * cluster.node.peak_flops)')],
+        must_fail={"test_plan_published"},
+        why="MFU over the compute time alone: the bubble and exposed communication left out",
+    ),
+    mutant(
+        "best_layouts_cp_within_a_node", "planner_search",
+        [("for cp in (x for x in powers if x <= 32):", "for cp in (x for x in powers if x <= cluster.node.gpus):")],
+        must_fail={"test_best_layouts"},
+        why="CP sizes searched only up to a node's GPUs (the course's space goes to 32)",
     ),
     mutant(
         "best_layouts_least_memory_first", "planner_search",

@@ -79,6 +79,14 @@ MUTANTS = [
         must_fail={"test_ring_forward", "test_ring_backward"},
         why="positions from the global rank: wrong as soon as the CP group is not the whole world",
     ),
+    mutant(
+        "ring_masked_blocks_computed", "ring_forward",
+        [("        if not causal or src <= rank:  # src > rank: every key follows every query, fully masked",
+          "        if True:  # src > rank: every key follows every query, fully masked")],
+        must_fail={"test_ring_forward", "test_ring_backward"},
+        why="computes the fully masked blocks of later ranks under the causal mask instead of skipping them: "
+            "right numbers, every rank does the last rank's work (FlopCounterMode)",
+    ),
     # -- exercise 4: backward -------------------------------------------------------------------
     mutant(
         "block_backward_no_delta", "block_backward",
@@ -104,6 +112,14 @@ MUTANTS = [
           "")],
         must_fail={"test_ring_backward"},
         why="the dK/dV accumulators stop one step short: each rank returns its successor's gradients",
+    ),
+    mutant(
+        "ring_backward_masked_blocks_computed", "ring_backward",
+        [("        if not causal or src <= rank:\n            block_dq, block_dk, block_dv",
+          "        if True:\n            block_dq, block_dk, block_dv")],
+        must_fail={"test_ring_backward"},
+        why="the backward computes the gradients of fully masked blocks (zeros) instead of skipping them: "
+            "right numbers, every rank does the last rank's work",
     ),
     # -- exercise 5: zigzag ---------------------------------------------------------------------
     mutant(
