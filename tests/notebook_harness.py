@@ -24,7 +24,11 @@ cells run in order in this process, each test cell with its hidden tests):
 (e) running every cell for a mutant, the failing set is exactly `must_fail`
     (`exact_sample` in `make test`, every mutant with COURSE_EXHAUSTIVE=1);
 (f) the builder reproduces the committed source notebook byte for byte;
-(g) with one answer cell left as released (a stub) and every other one solved, every cell that fails names
+(g) the visible part of a test cell (what the student runs) already fails on its exercise's mistakes of
+    direction, peer and order (`visible_catches`: mutant -> the cells whose visible tests must catch it), so a
+    student whose visible tests pass loses points only on cases the visible tests could not contain (bigger
+    worlds, other dtypes, edge shapes), never on the same mistake at another size;
+(h) with one answer cell left as released (a stub) and every other one solved, every cell that fails names
     that cell's exercise (a test of another exercise that uses it too: "Exercise 3 is not done yet: ...";
     `stub_sample` in `make test`, every answer cell with COURSE_EXHAUSTIVE=1).
 The release notebook's leak check is tests/test_release.py's, real nbgrader's run tests/test_pipeline.py's.
@@ -48,6 +52,7 @@ from conftest import sweep
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from autograder.grading.trusted import _split_hidden  # noqa: E402 - the release's test cell: the visible part
 from solutions.submissions import (  # noqa: E402
     mutant_submission, mutants_of, notebook_path, reference_submission, run_graded_cells, untouched_submission,
 )
@@ -91,6 +96,8 @@ class NotebookTests:
     sweep_graded_cells_only: bool = False
     # answer cells whose "one stub, the rest solved" run is in `make test` (all of them with COURSE_EXHAUSTIVE=1)
     stub_sample: set[str] = set()
+    # mutants of direction, peer or order -> the graded cells whose VISIBLE part must fail on them
+    visible_catches: dict[str, set[str]] = {}
 
     # -- what each assignment says ------------------------------------------------------------------------
     def readable(self, msg: str) -> bool:
@@ -128,6 +135,12 @@ class NotebookTests:
                                                     if m.name in self.slow_to_catch else ()) for m in wrong])
         elif metafunc.function.__name__ == "test_mutant_fails_exactly_its_cells":
             metafunc.parametrize("m", sweep(self.mutants, always=self.exact_sample))
+        if "visible_case" in metafunc.fixturenames:
+            by_name = {m.name: m for m in self.mutants}
+            metafunc.parametrize("visible_case", [
+                pytest.param((by_name[name], cells), id=name,
+                             marks=pytest.mark.exhaustive if name in self.slow_to_catch else ())
+                for name, cells in self.visible_catches.items()])
         if "answer" in metafunc.fixturenames:
             cells = answer_cells(self.assignment)
             unknown = self.stub_sample - {gid for gid, _ in cells}
@@ -203,6 +216,22 @@ class NotebookTests:
         failed = {k for k, v in results.items() if not v.passed}
         unexpected = {k: results[k].message[:600] for k in failed - m.must_fail}
         assert failed == set(m.must_fail), (sorted(m.must_fail - failed), unexpected)
+
+    def test_visible_tests_catch_mistakes_of_direction_peer_and_order(self, visible_case):
+        m, cells = visible_case
+        assert cells <= m.must_fail, (m.name, cells - m.must_fail)
+        source = nbformat.read(notebook_path("source", self.assignment), as_version=4)
+        visible = {nbgrader_meta(c)["grade_id"]: _split_hidden(c.source)[0] for c in source.cells
+                   if nbgrader_meta(c).get("grade") and nbgrader_meta(c)["grade_id"] in cells}
+        nb = mutant_submission(self.assignment, m)
+        for cell in nb.cells:
+            gid = nbgrader_meta(cell).get("grade_id")
+            if gid in visible:
+                cell.source = visible[gid]  # what the student's notebook runs: the release's test cell
+        results = run_graded_cells(nb, None, only=set(cells))
+        for gid in sorted(cells):
+            assert not results[gid].passed, f"the visible test of {gid} passes {m.name} ({m.why})"
+            assert self.readable(results[gid].message), f"{m.name}: {gid}: {results[gid].message[:800]}"
 
     def test_a_stub_is_named_with_its_own_exercise_wherever_it_is_used(self, answer):
         gid, label = answer

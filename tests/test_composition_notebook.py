@@ -35,6 +35,21 @@ class TestCompositionNotebook(NotebookTests):
     }
     # Sampled in `make test` (the full sweep, one whole notebook per mutant, runs with COURSE_EXHAUSTIVE=1).
     exact_sample = {"tied_grads_allreduce_a_copy"}
+    # mistakes of order (dimensions, layers, chunks), rank (global vs coordinate) and the layout's rules: the visible
+    # tests see them (CP > 1, PP = 1, a 4-layer pipeline); the hang's costs seconds: COURSE_EXHAUSTIVE=1
+    visible_catches = {
+        "layout_outer_dimension_fastest": {"test_rank_layout", "test_rank_layout_expert"},
+        "layout_dp_ignores_cp": {"test_rank_layout"},
+        "layout_embedding_pair_at_pp1": {"test_rank_layout"},
+        "layout_dense_order_rejected": {"test_rank_layout"},
+        "layout_no_pp_last_rule": {"test_rank_layout_errors"},
+        "groups_my_group_first": {"test_process_groups"},
+        "mesh_not_reversed": {"test_device_mesh"},
+        "batch_by_global_rank": {"test_local_batch"},
+        "batch_cp_contiguous": {"test_local_batch"},
+        "tp_colwise_rowwise_swapped": {"test_tensor_parallel_plan"},
+        "pipeline_layers_interleaved": {"test_pipeline_training"},
+    }
     # groups_my_group_first hangs until the check's 20 s bound: in make test it is caught by
     # test_the_hang_is_reported_with_each_rank_line_and_the_grader_goes_on below (and by the sweeps with
     # COURSE_EXHAUSTIVE=1)

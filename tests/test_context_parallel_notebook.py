@@ -34,6 +34,19 @@ class TestContextParallelNotebook(NotebookTests):
     exact_sample = {"zigzag_wasted_work"}
     # Exercise 3's ring is used by the tests of exercises 4 and 5: each names Exercise 3 while it is a stub
     stub_sample = {"ring_forward"}
+    # mistakes of direction, peer (a global rank for a group rank) and order: the visible tests see them (w = 4,
+    # a CP group inside a larger world); the deadlocking ring's costs 5 s timeouts: COURSE_EXHAUSTIVE=1
+    visible_catches = {
+        "ring_reversed_one_side": {"test_ring_forward", "test_ring_backward", "test_zigzag_ring_attention"},
+        "ring_global_rank": {"test_ring_forward", "test_ring_backward"},
+        "ring_stale_block": {"test_ring_forward", "test_ring_backward"},
+        "ring_post_after_compute": {"test_ring_overlap"},
+        "causal_local_positions": {"test_ring_forward", "test_ring_backward"},
+        "dkv_not_returned": {"test_ring_backward"},
+        "zigzag_wrong_order": {"test_zigzag_split"},
+        "a2a_backward_not_inverse": {"test_seq_all_to_all", "test_ulysses_attention"},
+        "ulysses_dims_swapped": {"test_ulysses_attention"},
+    }
     # The deadlocking mutant costs a 5 s timeout per cell: its fast check is the deadlock test below.
     slow_to_catch = {"ring_reversed_one_side"}
 

@@ -175,13 +175,15 @@ def build() -> NotebookBuilder:
             doc="After finish_gradient_synchronization() every rank holds the global-batch gradients.",
             visible="""
             check_ddp_gradients(BucketedDDP, world_size=2, bucket_cap_mb=150 / 2**20)
+            # rank 1 starts its backward only once rank 0 waits: rank 0's buckets are in flight until then, so
+            # a gradient copied back before its wait() is wrong on every run
+            check_ddp_gradients(BucketedDDP, world_size=2, bucket_cap_mb=100 / 2**20, late_rank=True, seed=2)
             """,
             hidden="""
             # one parameter per bucket; an unused layer, a frozen scale and a tied weight
             check_ddp_gradients(BucketedDDP, world_size=4, dims=(5, 6, 6, 6, 2), bucket_cap_mb=1e-9, unused=True,
                                 frozen=True, tied=True, seed=1)
-            # rank 1 starts its backward only once rank 0 waits: rank 0's buckets are in flight until then
-            check_ddp_gradients(BucketedDDP, world_size=2, bucket_cap_mb=100 / 2**20, late_rank=True, seed=2)
+            check_ddp_gradients(BucketedDDP, world_size=4, dims=(4, 9, 5), bucket_cap_mb=1e-9, late_rank=True, seed=6)
             check_ddp_gradients(BucketedDDP, world_size=1, unused=True, seed=3)
             check_ddp_gradients(BucketedDDP, world_size=2, dims=(4, 9, 1), dtype=torch.float32, seed=4)
             # layer 1 in float32, the rest in float64

@@ -274,6 +274,8 @@ def build() -> NotebookBuilder:
             visible="""
     check_ring_attention(ring_attention, world_size=2, causal=True)
     check_ring_attention(ring_attention, world_size=4, causal=False, timeout=5)
+    # two CP groups of 2 in a world of 4: neighbours and positions are group ranks, not global ranks
+    check_ring_attention(ring_attention, world_size=4, cp_size=2, causal=True, timeout=5)
     """, hidden="""
     check_ring_attention(ring_attention, world_size=1, causal=True, seed=1)
     check_ring_attention(ring_attention, world_size=3, causal=True, seq=9, n_heads=2, logit_scale=900.0, seed=2,
@@ -336,11 +338,13 @@ def build() -> NotebookBuilder:
             visible="""
     check_ring_attention(ring_attention, world_size=2, causal=True, backward=True)
     check_ring_attention(ring_attention, world_size=4, causal=False, backward=True, timeout=5)
+    check_ring_attention(ring_attention, world_size=4, cp_size=2, causal=True, backward=True, timeout=5)
     """, hidden="""
     check_ring_attention(ring_attention, world_size=1, causal=False, backward=True, seed=1)
     check_ring_attention(ring_attention, world_size=3, causal=True, seq=9, n_heads=2, backward=True, seed=2,
                          timeout=5)
-    check_ring_attention(ring_attention, world_size=4, cp_size=2, causal=True, backward=True, seed=4, timeout=5)
+    check_ring_attention(ring_attention, world_size=4, cp_size=2, causal=True, backward=True, dtype=torch.float32,
+                         seed=4, timeout=5)
     """)
 
     # -- exercise 5 ----------------------------------------------------------------

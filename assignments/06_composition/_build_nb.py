@@ -239,6 +239,16 @@ def build() -> NotebookBuilder:
         "tp": [[0, 1], [2, 3], [4, 5], [6, 7]], "pp": [[0, 2], [1, 3], [4, 6], [5, 7]],
         "dp": [[0, 4], [1, 5], [2, 6], [3, 7]], "tp_pp": [[0, 1, 2, 3], [4, 5, 6, 7]],
     }})
+    # CP without PP: dp = 8 / (tp * cp) = 2; a one-stage pipeline's embedding group is its one rank
+    check_rank_layout(rank_layout, 8, tp=2, cp=2, expected={{
+        "cp": [[0, 2], [1, 3], [4, 6], [5, 7]], "dp": [[0, 4], [1, 5], [2, 6], [3, 7]],
+        "dp_cp": [[0, 2, 4, 6], [1, 3, 5, 7]], "embedding": [[0], [1], [2], [3], [4], [5], [6], [7]],
+    }})
+    # the course's order with CP and PP (a dense model: no expert group to agree with)
+    check_rank_layout(rank_layout, 8, cp=2, pp=2, order="tp-cp-pp-dp", expected={{
+        "cp": [[0, 1], [2, 3], [4, 5], [6, 7]], "pp": [[0, 2], [1, 3], [4, 6], [5, 7]],
+        "dp": [[0, 4], [1, 5], [2, 6], [3, 7]], "embedding": [[0, 2], [1, 3], [4, 6], [5, 7]],
+    }})
     """, hidden=_INDEPENDENT_LAYOUT + """
     for world, sizes in [(16, dict(tp=2, cp=2, pp=2)), (24, dict(tp=2, cp=3, pp=2)), (32, dict(tp=4, cp=2, pp=2)),
                          (16, dict(tp=2, cp=2, pp=2, order="tp-cp-pp-dp")), (24, dict(tp=3, pp=4, order="tp-pp-dp")),
@@ -274,13 +284,14 @@ def build() -> NotebookBuilder:
         ((8,), dict(tp=2, dp=3), ("3",)),                                 # 2 * 3 != 8
         ((8,), dict(tp=2, cp=2, order="tp-dp-pp"), ("cp",)),              # the order leaves out cp (size 2)
         ((16,), dict(tp=2, pp=2, ep=4, etp=1, order="tp-cp-ep-pp-dp"), ("pp",)),  # not pp-last, dp 4 != edp 2
+        ((8,), dict(pp=2, ep=4, etp=1, order="tp-pp-cp-ep-dp"), ("pp",)),  # same pipeline groups, dp 4 != edp 1
     ])
     """, hidden="""
     check_rank_layout_errors(rank_layout, cases=[
         ((12,), dict(pp=5), ("12", "5")), ((8,), dict(tp=2, ep=3), ("3",)), ((8,), dict(tp=2, order="tp-xp-dp"), ("xp",)),
         ((8,), dict(tp=2, order="tp-tp-dp"), ("tp",)), ((0,), dict(), ("0",)), ((8,), dict(tp=0), ("0",)),
         ((8,), dict(tp=2, etp=3), ("3",)), ((8,), dict(tp=2, pp=2, ep=2, order="tp-ep-pp-dp"), ()),
-        ((8,), dict(pp=2, ep=4, etp=1, order="tp-pp-cp-ep-dp"), ("pp",)),  # same pipeline groups, dp 4 != edp 1
+        ((8,), dict(pp=2, ep=2, etp=1, order="pp-cp-ep-dp-tp"), ("pp",)),  # same pipeline groups, dp 4 != edp 2
     ])
     """)
     nb.markdown("""
@@ -569,17 +580,18 @@ def build() -> NotebookBuilder:
       Return `reduce_loss_for_logging(...)` on the last stage, `None` elsewhere.
 
     The test builds a `(pp=2, dp=2, tp=2)` mesh on 8 ranks and, with your
-    functions: split, TP, FSDP (`reshard_after_forward=False`, torchtitan's
-    choice under PP), the schedule, `local_batch`, three steps clipped at
-    `max_norm=1.0` (every step clips). Loss curve and every parameter of every
+    functions, a 4-layer model: split, TP, FSDP (`reshard_after_forward=False`,
+    torchtitan's choice under PP), the schedule, `local_batch`, two steps
+    clipped at `max_norm=1.0` (every step clips). Loss curve and every parameter of every
     stage must equal single-process training with `clip_grad_norm_` and AdamW.
     Lesson: [04_pipeline.md](../../assignments/06_composition/04_pipeline.md).
     """)
     nb.solution_from("pipeline", train_mod, "split_model_for_pipeline", "build_schedule", "pipeline_train_step")
-    nb.test("test_pipeline_training", 10, doc="PP 2 x DP 2 x TP 2: loss curve and every stage's parameters after 3 clipped steps equal single-process.",
+    nb.test("test_pipeline_training", 10, doc="PP 2 x DP 2 x TP 2: loss curve and every stage's parameters after clipped steps equal single-process.",
             visible="""
     pipeline_functions = {name: globals()[name] for name in PIPELINE_FUNCTIONS}
-    check_pipeline_training(pipeline_functions, pp=2, dp=2, tp=2)
+    # 4 layers: 2 per stage (with 1 a stage cannot hold its layers out of order); 2 steps, both clipped
+    check_pipeline_training(pipeline_functions, pp=2, dp=2, tp=2, args=ModelArgs(n_layers=4), steps=2)
     """, hidden="""
     check_pipeline_training(pipeline_functions, pp=2, dp=1, tp=1, microbatches=4, batch=4, seq=4, steps=2,
                             max_norm=0.5, seed=7, args=ModelArgs(vocab_size=12, dim=8, n_heads=2, ffn_dim=8, n_layers=4))
