@@ -20,6 +20,7 @@ import itertools
 import math
 import os
 import sys
+import textwrap
 
 import pytest
 import torch
@@ -114,7 +115,7 @@ def test_the_hidden_tests_helper_is_the_independent_construction():
     builder = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(builder)
     namespace = {"torch": torch, "math": math}
-    exec(builder._INDEPENDENT_LAYOUT, namespace)
+    exec(textwrap.dedent(builder._INDEPENDENT_LAYOUT), namespace)  # indented as the test cell's checks
     for world, sizes in itertools.islice(_configs(16), 0, None, 7):
         assert namespace["_expected_layout"](world, **sizes) == _independent(world, **sizes), (world, sizes)
 
