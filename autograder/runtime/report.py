@@ -13,6 +13,12 @@ Every graded test cell of a notebook wraps its checks (the builder writes this):
   what was checked, and in IPython only that message and the student's own frames
   (`_render_traceback_`); the course's internals are one flag away:
   `AUTOGRADER_TRACEBACK=full` in the environment, or `show_internals(True)`.
+
+Each notebook's set-up cell ends with `course_notebook({"Exercise 3": ["ring_attention_forward", ...], ...})`
+(its builder writes it): a stub is then named with the exercise that owns it even in another exercise's test
+("Exercise 3 is not done yet: ... This test uses it: implement Exercise 3 first"), and in a Jupyter kernel a
+picture or scratch cell shows the course's errors (a failed run, a check's verdict, a stub) as a test cell
+does. A spawned rank (macOS) names the kernel's cells as the kernel does (`student_sources`, `install_sources`).
 """
 
 from __future__ import annotations
@@ -190,7 +196,8 @@ def course_notebook(exercises: dict) -> None:
 
 
 def exercise_of(stub: str) -> str | None:
-    """"Exercise 3" for `ring_attention_forward` or `RingAttention.backward` (its class), if the notebook said."""
+    """The exercise that defines `ring_attention_forward` (or `RingAttention.backward`: its class), as the
+    notebook's set-up said (`course_notebook`); None if it did not."""
     if not stub:
         return None
     return _EXERCISE_OF.get(stub) or _EXERCISE_OF.get(stub.split(".")[0])
