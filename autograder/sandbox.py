@@ -188,6 +188,20 @@ class Sandbox:
         keep = {os.path.realpath(p) for p in keep}
         return sorted(p for p in keep if _under(p, self.root) or _under(p, "/tmp"))
 
+    def _links(self) -> list[tuple[str, str]]:
+        """A symlink under the course root on the way to this interpreter (`.venv -> /opt/venv`, a node-local
+        environment beside a shared course): made again inside, where the course root is an empty folder."""
+        out = []
+        prefix = os.path.abspath(sys.prefix)
+        if prefix.startswith(self.root + os.sep):
+            parts = os.path.relpath(prefix, self.root).split(os.sep)
+            for i in range(1, len(parts) + 1):
+                path = os.path.join(self.root, *parts[:i])
+                if os.path.islink(path):
+                    out.append((path, os.path.realpath(path)))
+                    break
+        return out
+
     def argv(self, cmd: list[str], cwd: str | None = None) -> list[str]:
         if not self.isolate:
             return list(cmd)
@@ -196,6 +210,8 @@ class Sandbox:
                 "--new-session", "--tmpfs", self.root]
         for p in self._ro_paths():
             args += ["--ro-bind", p, p]
+        for link, target in self._links():
+            args += ["--symlink", target, link]
         for p in (self.workdir, *self.extra_rw):
             args += ["--bind", p, p]
         args += ["--chdir", cwd or self.workdir, "--"]
