@@ -751,6 +751,8 @@ def write_gradebook(root: str, assignment: str, records: list[dict]) -> None:
     """Scores per cell into nbgrader's gradebook; flags as "needs manual grade" and a comment."""
     from nbgrader.api import Gradebook, MissingEntry
 
+    from autograder.intake import submission_timestamp
+
     if not records:
         return
     notebook_id = os.path.splitext(os.path.basename(release_notebook(root, assignment)))[0]
@@ -765,7 +767,8 @@ def write_gradebook(root: str, assignment: str, records: list[dict]) -> None:
             solution_cells = [c.name for c in gb.find_notebook(notebook_id, assignment).solution_cells]
             for rec in records:
                 gb.update_or_create_student(rec["student"])
-                stamp = datetime.datetime.fromisoformat(rec["graded_at"]) if rec.get("graded_at") else None
+                # when the student submitted (nbgrader's timestamp.txt), as nbgrader's autograde records it
+                stamp = submission_timestamp(os.path.join(root, "submitted", rec["student"], assignment))
                 gb.update_or_create_submission(assignment, rec["student"], timestamp=stamp)
                 for c in rec["cells"]:
                     try:

@@ -29,7 +29,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["Intake", "check_submission", "notebook_files"]
+__all__ = ["Intake", "check_submission", "notebook_files", "submission_timestamp"]
 
 _MARKER = re.compile(r"^.*### (BEGIN|END) (SOLUTION|HIDDEN TESTS).*$\n?", re.M)
 _IGNORED_DIRS = {".ipynb_checkpoints", "__pycache__", "__MACOSX"}
@@ -51,6 +51,19 @@ def notebook_files(folder: str) -> list[str]:
         out += [os.path.relpath(os.path.join(dirpath, n), folder) for n in names
                 if n.endswith(".ipynb") and not n.startswith(".")]
     return sorted(out)
+
+
+def submission_timestamp(folder: str):
+    """When the student submitted (naive UTC, as nbgrader's gradebook keeps it), from the `timestamp.txt` that
+    nbgrader's `collect` and `zip_collect` write beside the notebook; None without one (or if unreadable)."""
+    from nbgrader.utils import parse_utc
+
+    try:
+        with open(os.path.join(folder, "timestamp.txt"), encoding="utf-8") as f:
+            text = f.read().strip()
+        return parse_utc(text) if text else None
+    except (OSError, ValueError, OverflowError):
+        return None
 
 
 def _meta(cell) -> dict:
