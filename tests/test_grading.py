@@ -9,8 +9,9 @@ On a scratch course whose assignment 02 is cut to two graded cells
 - three shards run as separate processes at once, merged, give the gradebook
   of a single run; merging again changes nothing;
 - notebooks that cannot be graded get a named reason, and everyone else is graded;
-- Gradescope's results.json per submission: the format, the scores, no hidden test;
-- a Canvas download collected with `nbgrader zip_collect` is graded;
+- Gradescope's results.json per submission: the format, the scores, no hidden test; the CSV of one
+  assignment, with the students' submission times and lateness, written where asked, nothing left untracked;
+- a Canvas download collected with `nbgrader zip_collect` is graded, its LATE marker kept in the CSV;
 - a second command waits for nobody: it says who holds the course's lock.
 """
 
@@ -43,7 +44,29 @@ def course(tmp_path_factory):
     write_submission(root, "bob", release(root))
     write_submission(root, "carol", edit(ref, "tp_mappings", lambda s: s.replace(*WRONG)))
     write_submission(root, "dave", ref, name="tensor_parallel_lab-Copy1.ipynb")
+    for student, when in STAMPS.items():  # what nbgrader collect writes beside the notebook
+        with open(os.path.join(root, "submitted", student, A, "timestamp.txt"), "w") as f:
+            f.write(f"{when}.000000 UTC")
+    # the course is a git repository, as an instructor keeps it: grading and exports leave no untracked file
+    for cmd in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c"]):
+        subprocess.run(["git", *cmd], cwd=root, check=True, capture_output=True)
     return root
+
+
+STAMPS = {"alice": "2026-01-15 09:30:00", "carol": "2026-01-25 18:00:00"}  # bob and dave: no timestamp.txt
+
+
+def _untracked(root: str) -> list[str]:
+    out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=root, capture_output=True,
+                         text=True, check=True).stdout
+    return out.splitlines()
+
+
+def _csv(path) -> list[dict]:
+    import csv
+
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
 
 
 def _scores(recs: dict) -> dict:
@@ -152,21 +175,33 @@ def _duplicate_cell(nb: dict) -> dict:
     return nb
 
 
-def test_gradescope_results_follow_the_format_and_show_no_hidden_test(course, tmp_path):
+def test_exports_gradescope_results_and_the_csv_of_one_assignment_where_the_instructor_says(course):
+    import datetime
+    import warnings
+
     from course import secret_lines
+    from nbgrader.api import Gradebook
 
     import nbformat
 
     proc = run_grade(course, "autograde", A, "--jobs", "2", "--quiet")
     assert proc.returncode == 0, proc.stdout[-2000:]
-    out = tmp_path / "gradescope"
-    proc = run_grade(course, "export", A, "--gradescope", str(out), "--csv", str(tmp_path / "grades.csv"))
+    # the gradebook also holds another assignment (submitted by alice only) and a due date for this one
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Gradebook("sqlite:///" + os.path.join(course, "gradebook.db")) as gb:
+            gb.update_or_create_assignment("01_data_parallel")
+            gb.update_or_create_submission("01_data_parallel", "alice")
+            gb.update_or_create_assignment(A, duedate=datetime.datetime(2026, 1, 20, 23, 59))
+    proc = run_grade(course, "export", A, "--gradescope", "exports/gradescope", "--csv", "exports/grades.csv")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = os.path.join(course, "exports", "gradescope")
     source = nbformat.read(os.path.join(course, "source", A, notebook_name(course)), as_version=4)
     hidden = secret_lines(source)[1]
     assert hidden
     for student in ("alice", "bob", "carol", "dave"):
-        text = (out / A / student / "results.json").read_text()
+        with open(os.path.join(out, A, student, "results.json"), encoding="utf-8") as f:
+            text = f.read()
         data = json.loads(text)
         # Gradescope's autograder results format: a total, and tests with a name, score and max_score
         assert set(data) >= {"score", "tests"} and isinstance(data["score"], (int, float))
@@ -177,10 +212,16 @@ def test_gradescope_results_follow_the_format_and_show_no_hidden_test(course, tm
             assert 0 <= t["score"] <= t["max_score"]
         assert abs(sum(t["score"] for t in data["tests"]) - data["score"]) < 1e-9
         assert not [line for line in hidden if line in text], f"hidden test text in {student}'s results.json"
-    assert json.loads((out / A / "alice" / "results.json").read_text())["score"] == 12
-    csv = (tmp_path / "grades.csv").read_text()
-    assert "alice" in csv and "02_tensor_parallel" in csv
-
+    assert json.loads(open(os.path.join(out, A, "alice", "results.json")).read())["score"] == 12
+    # the CSV: this assignment's submissions only (the gradebook's), with the student's own submission time
+    rows = {r["student_id"]: r for r in _csv(os.path.join(course, "exports", "grades.csv"))}
+    assert {r["assignment"] for r in rows.values()} == {A}, "rows of another assignment in the CSV"
+    assert set(rows) == set(gradebook(course)), "one row per submission of the assignment"
+    assert {s: (rows[s]["timestamp"], float(rows[s]["score"]), rows[s]["late"]) for s in STAMPS | {"bob": 0}} == {
+        "alice": ("2026-01-15 09:30:00", 12.0, "no"), "carol": ("2026-01-25 18:00:00", 6.0, "yes"),
+        "bob": ("", 0.0, "no")}
+    assert "wrote exports/grades.csv:" in proc.stdout
+    assert _untracked(course) == [], "files left in the course repository (not ignored by git)"
 
 def test_a_canvas_download_is_collected_with_nbgrader_zip_collect_and_graded(course):
     """Canvas names each file <login>_<user id>_<submission id>_<the student's file name> (LATE_ after the login)."""
@@ -195,10 +236,19 @@ def test_a_canvas_download_is_collected_with_nbgrader_zip_collect_and_graded(cou
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for student in ("judy", "kim"):
         assert os.path.exists(os.path.join(course, "submitted", student, A, "tensor_parallel_lab.ipynb")), student
+    with open(os.path.join(course, "downloaded", A, "canvas-late.json"), encoding="utf-8") as f:
+        assert json.load(f) == {"kim": "kim_LATE_789_1011_tensor_parallel_lab.ipynb"}, "Canvas's LATE marker"
     proc = run_grade(course, "autograde", A, "--jobs", "2", "--quiet")
     assert proc.returncode == 0, proc.stdout[-2000:]
     recs = records(course)
     assert recs["judy"]["score"] == 12 and recs["kim"]["score"] == 0
+    proc = run_grade(course, "export", A, "--csv", "exports/canvas.csv")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {r["student_id"]: r for r in _csv(os.path.join(course, "exports", "canvas.csv"))}
+    # Canvas gives no submission time: the timestamp stays empty (not the grading time), LATE is kept
+    assert {s: (rows[s]["timestamp"], rows[s]["late"], float(rows[s]["score"])) for s in ("judy", "kim")} == {
+        "judy": ("", "no", 12.0), "kim": ("", "yes", 0.0)}
+    assert _untracked(course) == [], "files left in the course repository (not ignored by git)"
 
 
 def test_a_second_grading_command_is_told_who_holds_the_lock(course):

@@ -425,14 +425,14 @@ def _feedback(course: str, assignment: str, student: str, nb_name: str, nb: dict
 # ---------------------------------------------------------------------------
 
 def _rejected(assignment: str, student: str, reason: str, intake_warnings, h: str, fp: str, max_score: float,
-              cells: list) -> dict:
+              cells: list, submitted_at: str | None = None) -> dict:
     return {"version": RESULT_VERSION, "assignment": assignment, "student": student, "hash": h, "fingerprint": fp,
             "status": "rejected", "reason": reason, "warnings": list(intake_warnings),
             "cells": [{"grade_id": g, "points": 0.0, "max_points": p, "passed": False, "visible_passed": None,
                        "saved_passed": None, "flagged": False, "message": f"not graded: {reason}"}
                       for g, p in cells],
             "score": 0.0, "max_score": max_score, "timings": {}, "graded_at": datetime.datetime.now().isoformat(),
-            "feedback": None, "feedback_html": None}
+            "submitted_at": submitted_at, "feedback": None, "feedback_html": None}
 
 
 def _graded_cells(source: dict) -> list[tuple[str, float]]:
@@ -496,7 +496,7 @@ def grade_class(root: str, assignment: str, *, jobs: int | None = None, shard: t
             if intake.notebook is None:
                 h = hashlib.sha256(intake.reason.encode()).hexdigest()[:16]
                 records.append(_rejected(assignment, student, intake.reason, intake.warnings, h, fp, max_score,
-                                         cells))
+                                         cells, intake.submitted_at))
                 continue
             text = json.dumps(intake.notebook, sort_keys=True)
             h = hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -550,7 +550,7 @@ def _worker(conn) -> None:
 
 def _died(job: dict, why: str) -> dict:
     rec = _rejected(job["assignment"], job["student"], why, job["warnings"], job["hash"], job["fingerprint"],
-                    job["max_score"], job.get("cells", []))
+                    job["max_score"], job.get("cells", []), job.get("submitted_at"))
     rec["status"] = "error"
     return rec
 
@@ -701,6 +701,8 @@ def write_gradebook(root: str, assignment: str, records: list[dict]) -> None:
     """Scores per cell into nbgrader's gradebook; flags as "needs manual grade" and a comment."""
     from nbgrader.api import Gradebook, MissingEntry
 
+    from autograder.grading.intake import parse_timestamp
+
     if not records:
         return
     notebook_id = os.path.splitext(os.path.basename(release_notebook(root, assignment)))[0]
@@ -715,7 +717,9 @@ def write_gradebook(root: str, assignment: str, records: list[dict]) -> None:
             solution_cells = [c.name for c in gb.find_notebook(notebook_id, assignment).solution_cells]
             for rec in records:
                 gb.update_or_create_student(rec["student"])
-                stamp = datetime.datetime.fromisoformat(rec["graded_at"]) if rec.get("graded_at") else None
+                # when the student submitted (nbgrader's timestamp.txt, read at intake), as nbgrader's autograde
+                # records it; never the grading time
+                stamp = parse_timestamp(rec.get("submitted_at"))
                 gb.update_or_create_submission(assignment, rec["student"], timestamp=stamp)
                 for c in rec["cells"]:
                     try:

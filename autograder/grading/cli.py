@@ -4,7 +4,7 @@
     python -m autograder.grade autograde 02_tensor_parallel --shard 2/3  # one slice, into graded/.../shard-2-of-3.json
     python -m autograder.grade merge graded/02_tensor_parallel/shard-*.json
     python -m autograder.grade scores                                    # the gradebook
-    python -m autograder.grade export 02_tensor_parallel --gradescope out/ --csv grades.csv
+    python -m autograder.grade export 02_tensor_parallel --gradescope exports/gs --csv exports/02.csv
     python -m autograder.grade demo                                      # sample submissions, graded, the table
     python -m autograder.grade student-package                           # dist/llm-parallelism-course.tar.gz
     python -m autograder.grade gradescope-package 02_tensor_parallel     # dist/gradescope-02_tensor_parallel.zip
@@ -266,10 +266,12 @@ def main(argv=None) -> int:
     p_merge = sub.add_parser("merge", help="fold shard result files into the gradebook (idempotent)")
     p_merge.add_argument("files", nargs="+")
     sub.add_parser("scores", help="print the gradebook")
-    p_exp = sub.add_parser("export", help="Gradescope results.json per submission, nbgrader's CSV")
+    p_exp = sub.add_parser("export", help="Gradescope results.json per submission; a CSV of the assignments' grades")
     p_exp.add_argument("assignments", nargs="+")
     p_exp.add_argument("--gradescope", default=None, help="folder for <student>/results.json")
-    p_exp.add_argument("--csv", default=None, help="nbgrader's grade export (CSV) to this file")
+    p_exp.add_argument("--csv", default=None,
+                       help="this file: one row per submission of the assignments (nbgrader export's columns, the "
+                            "student's submission time, and `late`)")
     p_pkg = sub.add_parser("student-package", help="write the student archive (notebooks, lessons, wheel)")
     p_pkg.add_argument("--out", default="dist", help="folder for the archive (default: dist)")
     p_gs = sub.add_parser("gradescope-package", help="a Gradescope autograder zip for one assignment")

@@ -318,6 +318,24 @@ class Sandbox:
                 out.append(p)
         return out
 
+    def _links(self, binds: list[str]) -> list[tuple[str, str]]:
+        """Symbolic links on the way to the interpreter or the package (`.venv -> /opt/venv`: a node-local
+        environment beside a course on a shared volume), made again inside: the paths are bound where they
+        really are, and the processes are started by the paths they were found by."""
+        import autograder
+
+        out = []
+        for path in (os.path.abspath(sys.prefix), os.path.dirname(os.path.abspath(autograder.__file__))):
+            parts = path.strip(os.sep).split(os.sep)
+            for i in range(1, len(parts) + 1):
+                p = os.sep + os.path.join(*parts[:i])
+                if os.path.islink(p):
+                    inside = any(p == b or p.startswith(b + os.sep) for b in binds)  # (seen there as it is)
+                    if not inside and (p, os.path.realpath(p)) not in out:
+                        out.append((p, os.path.realpath(p)))
+                    break
+        return out
+
     def _etc_files(self) -> dict[str, str]:
         """Small files the runtime looks for, written by the grader (never the host's own)."""
         return {
@@ -347,8 +365,9 @@ class Sandbox:
             with open(src, "w", encoding="utf-8") as f:
                 f.write(text)
             files.append((src, dest))
+        links = self._links(binds)
         dirs = set()
-        for dest in binds + [d for _, d in files]:
+        for dest in binds + [d for _, d in files] + [link for link, _ in links]:
             parent = os.path.dirname(dest)
             while parent not in ("/", ""):
                 dirs.add(parent)
@@ -360,6 +379,8 @@ class Sandbox:
             args += ["--ro-bind", p, p]
         for src, dest in files:
             args += ["--ro-bind", src, dest]
+        for link, target in links:
+            args += ["--symlink", target, link]
         return args
 
     def argv(self, cmd: list[str], cwd: str | None = None) -> list[str]:
