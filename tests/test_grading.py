@@ -367,3 +367,58 @@ def test_a_worker_that_dies_is_replaced_and_its_submission_graded_once_more(cour
         for student in kills:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(course, "graded", A, f"{student}.json"))
+
+
+def test_a_second_backend_run_is_a_note_per_cell_never_points(course, tmp_path):
+    """On a GPU grading node every test cell runs again with NCCL (`--nccl`): a note per cell in the table,
+    the feedback and results.json, never points. The same machinery, run here with gloo as the second backend
+    (no GPU on this machine), shows the notes reach every place and leave the scores alone."""
+    import io
+    from contextlib import redirect_stdout
+
+    from autograder.grading.classrun import grade_class
+    from autograder.grading.cli import print_records
+    from autograder.grading.exports import cell_titles, gradescope_results
+
+    recs = {r["student"]: r for r in grade_class(course, A, jobs=2, shard=(1, 1), out=str(tmp_path / "s.json"),
+                                                  students=["alice", "carol"], progress=False, force=True,
+                                                  second_backend="gloo")}
+    assert recs["alice"]["score"] == 12 and recs["carol"]["score"] == 6  # the same points as without it
+    notes = {s: {c["grade_id"]: c.get("backend_note") for c in r["cells"]} for s, r in recs.items()}
+    assert all(n.startswith("gloo: passed (") and n.endswith("not graded)") for n in notes["alice"].values())
+    assert notes["carol"]["test_copy_to_region"].startswith("gloo: FAILED (not graded): ")
+    assert notes["carol"]["test_reduce_from_region"].startswith("gloo: passed")
+    assert "gloo: FAILED (not graded)" in recs["carol"]["feedback_html"]
+    source = json.load(open(os.path.join(course, "source", A, notebook_name(course))))
+    out = gradescope_results(recs["carol"], cell_titles(source))
+    assert any("gloo: FAILED (not graded)" in t["output"] for t in out["tests"])
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        print_records(list(recs.values()), course)
+    table = " ".join(buf.getvalue().split())
+    assert "note: test_copy_to_region: gloo: FAILED (not graded)" in table
+    assert "note: gloo: every cell passed (not graded)" in table
+
+
+def test_the_nccl_cases_say_why_they_are_skipped_in_one_line(course):
+    """No CUDA device here: `auto` grades as usual after one line saying why; `on` refuses with the reason."""
+    proc = run_grade(course, "autograde", A, "--quiet")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    skipped = [line for line in proc.stdout.splitlines() if line.startswith("NCCL cases:")]
+    assert skipped == ["NCCL cases: skipped: no CUDA device on this machine; every check ran with gloo on the CPU "
+                       "(the only graded run)"], proc.stdout
+    proc = run_grade(course, "autograde", A, "--quiet", "--nccl", "on")
+    assert proc.returncode != 0 and "--nccl on, but no CUDA device on this machine" in proc.stderr
+
+
+def test_the_gpu_node_script_stops_at_once_saying_why_without_gpus():
+    """cluster/gpu-check.sh, as an instructor runs it: on a machine without CUDA devices it stops before
+    building or grading anything, with the reason (on a GPU node it grades make demo's class with --nccl on)."""
+    from course import ROOT
+
+    t0 = time.monotonic()
+    proc = subprocess.run(["bash", os.path.join(ROOT, "cluster", "gpu-check.sh")], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "MAKEFLAGS": ""})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "GPU node check: no CUDA device on this machine" in proc.stdout
+    assert time.monotonic() - t0 < 120

@@ -281,7 +281,8 @@ def grade_one(job: dict) -> dict:
               "fingerprint": job["fingerprint"], "status": "graded", "reason": None,
               "warnings": list(job.get("warnings", [])), "cells": [], "score": 0.0,
               "max_score": job["max_score"], "timings": {}, "graded_at": datetime.datetime.now().isoformat(),
-              "submitted_at": job.get("submitted_at"), "feedback": None, "feedback_html": None}
+              "submitted_at": job.get("submitted_at"), "second_backend": job.get("second_backend"),
+              "feedback": None, "feedback_html": None}
     work = os.path.join(job["workbase"], student)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
@@ -339,9 +340,10 @@ def _grade_into(record: dict, job: dict, work: str) -> None:
     inputs = os.path.join(work, "inputs")  # the grader writes it; the sandbox reads it
     os.makedirs(inputs)
     with Sandbox(root, inputs, isolate=job["isolate"], memory_bytes=job["memory_bytes"],
-                 max_pids=job["max_pids"]) as box:
+                 max_pids=job["max_pids"], gpus=job.get("second_backend") == "nccl") as box:
         verdicts, cell_errors = grade_notebook(notebook, source, inputs=inputs, sandbox=box, budget=job["budget"],
-                                               memory_note=f"out of memory (limit {memory_gib:g} GiB)")
+                                               memory_note=f"out of memory (limit {memory_gib:g} GiB)",
+                                               second_backend=job.get("second_backend"))
         if box.out_of_memory:
             record["warnings"].append(f"the submission ran out of memory (limit {memory_gib:g} GiB): the "
                                       f"processes that exceeded it were killed")
@@ -357,12 +359,16 @@ def _grade_into(record: dict, job: dict, work: str) -> None:
         gid = meta.get("grade_id")
         if meta.get("grade") and not meta.get("solution") and gid in verdicts:
             cell["outputs"] = _verdict_outputs(verdicts[gid])
+            if verdicts[gid].backend_note:
+                cell["outputs"].append({"output_type": "stream", "name": "stdout",
+                                        "text": verdicts[gid].backend_note + "\n"})
     for gid, v in verdicts.items():
         seen = saw.get(gid)
         flagged = seen is not None and v.visible_passed is not None and seen != v.visible_passed
         record["cells"].append({"grade_id": gid, "points": v.points, "max_points": v.max_points,
                                 "passed": v.passed, "visible_passed": v.visible_passed, "saved_passed": seen,
-                                "flagged": flagged, "message": v.message[:4000]})
+                                "flagged": flagged, "message": v.message[:4000],
+                                **({"backend_note": v.backend_note} if v.backend_note else {})})
     record["score"] = round(sum(c["points"] for c in record["cells"]), 4)
     record["max_score"] = round(sum(c["max_points"] for c in record["cells"]), 4) or record["max_score"]
     if any(c["flagged"] for c in record["cells"]):
@@ -443,11 +449,13 @@ def _graded_cells(source: dict) -> list[tuple[str, float]]:
 def grade_class(root: str, assignment: str, *, jobs: int | None = None, shard: tuple[int, int] | None = None,
                 force: bool = False, isolate: bool = True, memory_bytes: int = 4 * 2**30, max_pids: int = 512,
                 budget: float = 600.0, progress: bool = True, students: list[str] | None = None,
-                out: str | None = None, log=print) -> list[dict]:
+                out: str | None = None, log=print, second_backend: str | None = None) -> list[dict]:
     """Grade submitted/*/<assignment>; write graded/<assignment>/<student>.json (or one shard file).
 
     Returns the records of this run (including the unchanged ones it kept).
     Writes nothing to the gradebook: `write_gradebook` does (or `merge` for shards).
+    `second_backend` ("nccl" on a GPU grading node): every test cell runs again with its checks on that
+    backend, a note per cell (table, feedback, results.json), no points.
     """
     from autograder.grading.intake import check_submission
     from autograder.grading.sandbox import sandbox_status
@@ -502,7 +510,7 @@ def grade_class(root: str, assignment: str, *, jobs: int | None = None, shard: t
             h = hashlib.sha256(text.encode()).hexdigest()[:16]
             old = previous.get(student)
             if not force and old and old.get("hash") == h and old.get("fingerprint") == fp \
-                    and old.get("status") == "graded":
+                    and old.get("status") == "graded" and old.get("second_backend") == second_backend:
                 old = dict(old, unchanged=True)
                 records.append(old)
                 continue
@@ -513,7 +521,8 @@ def grade_class(root: str, assignment: str, *, jobs: int | None = None, shard: t
                          "notebook_name": nb_name, "hash": h, "fingerprint": fp, "warnings": intake.warnings,
                          "max_score": max_score, "cells": cells, "workbase": workbase, "isolate": isolate,
                          "memory_bytes": memory_bytes, "max_pids": max_pids, "budget": budget,
-                         "saw": intake.saw, "submitted_at": intake.submitted_at})
+                         "saw": intake.saw, "submitted_at": intake.submitted_at,
+                         "second_backend": second_backend})
         if todo:
             template = _cached_template(root, assignment, fp)
             for job in todo:

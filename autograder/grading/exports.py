@@ -67,6 +67,8 @@ def gradescope_results(record: dict, titles: dict[str, str]) -> dict:
             output = HIDDEN_FAILURE
         else:
             output = c["message"]
+        if c.get("backend_note"):  # the cell run again with NCCL on a GPU grading node: not graded
+            output += "\n" + c["backend_note"]
         tests.append({"name": titles.get(c["grade_id"], c["grade_id"]), "number": str(i),
                       "score": c["points"], "max_score": c["max_points"], "output": output,
                       "status": "passed" if c["passed"] else "failed", "visibility": "visible"})

@@ -278,7 +278,7 @@ class Sandbox:
 
     def __init__(self, course_root: str, inputs: str, *, isolate: bool = True,
                  memory_bytes: int | None = 4 * 2**30, max_pids: int | None = 512,
-                 scratch_bytes: int = SCRATCH_BYTES, extra_ro: tuple = (), check: bool = True):
+                 scratch_bytes: int = SCRATCH_BYTES, extra_ro: tuple = (), check: bool = True, gpus: bool = False):
         self.root = os.path.realpath(course_root)
         self.inputs = os.path.realpath(inputs)
         os.chmod(self.inputs, 0o755)  # the grader's folder: the submission (another user) reads it, never writes
@@ -300,6 +300,7 @@ class Sandbox:
         self.cgroups = _Cgroups(f"{os.getpid()}-{next(_counter)}-{os.path.basename(self.inputs)}",
                                 memory_bytes, max_pids)
         self.extra_ro = tuple(os.path.realpath(p) for p in extra_ro)
+        self.gpus = gpus  # the NVIDIA devices too (the NCCL cases of a GPU grading node)
         self.procs: list[subprocess.Popen] = []
 
     # -- what the sandbox sees ------------------------------------------------------------------------------
@@ -350,7 +351,14 @@ class Sandbox:
         """bubblewrap's arguments that build the sandbox's file system from an empty root."""
         args = ["--dev", "/dev", "--proc", "/proc",
                 "--perms", "1777", "--size", str(self.scratch_bytes), "--tmpfs", "/tmp",
-                "--perms", "1777", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm"]
+                # NCCL's shared-memory transport needs room in /dev/shm
+                "--perms", "1777", "--size", str(SHM_BYTES * (8 if self.gpus else 1)), "--tmpfs", "/dev/shm"]
+        if self.gpus:
+            import glob
+
+            for dev in sorted(glob.glob("/dev/nvidia*")):
+                if not os.path.isdir(dev):
+                    args += ["--dev-bind", dev, dev]
         for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
             if os.path.islink(top):
                 args += ["--symlink", os.readlink(top), top]
