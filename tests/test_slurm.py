@@ -272,7 +272,7 @@ def course(tmp_path_factory):
 
 
 def test_the_shipped_sbatch_script_grades_a_class_as_an_array_and_merge_gives_the_single_run(cluster, course):
-    from autograder.classrun import shard_of
+    from autograder.grading.classrun import shard_of
 
     array_cmd, merge_cmd = _readme_commands()
     n = 2
