@@ -344,6 +344,9 @@ def _grade_into(record: dict, job: dict, work: str) -> None:
         verdicts, cell_errors = grade_notebook(notebook, source, inputs=inputs, sandbox=box, budget=job["budget"],
                                                memory_note=f"out of memory (limit {memory_gib:g} GiB)",
                                                second_backend=job.get("second_backend"))
+        cpu = box.cpu_seconds()
+        if cpu is not None:
+            record["timings"]["sandbox_cpu"] = round(cpu, 2)
         if box.out_of_memory:
             record["warnings"].append(f"the submission ran out of memory (limit {memory_gib:g} GiB): the "
                                       f"processes that exceeded it were killed")

@@ -161,6 +161,7 @@ class _Cgroups:
         candidates = [(_CG1, {"memory.max": memory_bytes, "pids.max": max_pids})] if v2 else [
             (os.path.join(_CG1, "memory"), {"memory.limit_in_bytes": memory_bytes}),
             (os.path.join(_CG1, "pids"), {"pids.max": max_pids}),
+            (os.path.join(_CG1, "cpuacct"), {}),  # no limit: what the submission's processes cost, measured
         ]
         for base, files in candidates:
             path = os.path.join(base, "autograder", name)
@@ -193,6 +194,22 @@ class _Cgroups:
             except OSError:
                 pass
         return out
+
+    def cpu_seconds(self) -> float | None:
+        """CPU time (user + system) all the submission's processes used, where a cgroup accounts it."""
+        for d in self.dirs:
+            for fname, scale in (("cpuacct.usage", 1e-9), ("cpu.stat", 1e-6)):
+                try:
+                    with open(os.path.join(d, fname)) as f:
+                        text = f.read()
+                except OSError:
+                    continue
+                if fname == "cpuacct.usage":
+                    return int(text) * scale
+                usage = [line.split()[1] for line in text.splitlines() if line.startswith("usage_usec ")]
+                if usage:
+                    return int(usage[0]) * scale
+        return None
 
     def oom_kills(self) -> int:
         """How many of the submission's processes the kernel killed for exceeding the memory limit."""
@@ -482,6 +499,9 @@ class Sandbox:
 
     def oom_kills(self) -> int:
         return self.cgroups.oom_kills()
+
+    def cpu_seconds(self) -> float | None:
+        return self.cgroups.cpu_seconds()
 
     def close(self) -> None:
         for p in self.procs:
