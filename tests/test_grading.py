@@ -422,3 +422,61 @@ def test_the_gpu_node_script_stops_at_once_saying_why_without_gpus():
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "GPU node check: no CUDA device on this machine" in proc.stdout
     assert time.monotonic() - t0 < 120
+
+
+def _with_saved_outputs(nb: dict, outputs: dict) -> dict:
+    """`nb` as saved after the student ran its test cells: grade id -> the outputs the cell showed."""
+    import copy
+
+    nb = copy.deepcopy(nb)
+    for cell in nb["cells"]:
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if gid in outputs:
+            cell["outputs"] = outputs[gid]
+    return nb
+
+
+def test_a_cell_whose_saved_output_disagrees_with_the_trusted_verdict_is_flagged(course):
+    """The flag needs no second run: what the student saw when they last ran the notebook (its saved outputs)
+    against the trusted verdict of the visible checks. Disagreeing cells need a manual look; the trusted
+    verdict is the grade."""
+    passed = [{"output_type": "stream", "name": "stdout", "text": "\u2713 Exercise 1 \u00b7 ... passed\n"}]
+    failed = [{"output_type": "error", "ename": "NotImplementedError", "evalue": "Exercise 1 is not done yet",
+               "traceback": []}]
+    ref = reference(course)
+    wrong = edit(ref, "tp_mappings", lambda s: s.replace(*WRONG))
+    write_submission(course, "saw-fail-now-right", _with_saved_outputs(
+        ref, {"test_copy_to_region": failed, "test_reduce_from_region": failed}))
+    write_submission(course, "saw-pass-now-wrong", _with_saved_outputs(
+        wrong, {"test_copy_to_region": passed, "test_reduce_from_region": passed}))
+    write_submission(course, "saw-what-it-gets", _with_saved_outputs(
+        wrong, {"test_copy_to_region": failed, "test_reduce_from_region": passed}))
+    students = ("saw-fail-now-right", "saw-pass-now-wrong", "saw-what-it-gets")
+    try:
+        proc = run_grade(course, "autograde", A, "--jobs", "2", "--quiet")
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        recs = records(course)
+        flags = {s: {c["grade_id"]: c["flagged"] for c in recs[s]["cells"]} for s in students}
+        assert flags["saw-fail-now-right"] == {"test_copy_to_region": True, "test_reduce_from_region": True}
+        assert flags["saw-pass-now-wrong"] == {"test_copy_to_region": True, "test_reduce_from_region": False}
+        assert flags["saw-what-it-gets"] == {"test_copy_to_region": False, "test_reduce_from_region": False}
+        assert recs["saw-pass-now-wrong"]["score"] == 6  # the trusted verdict is the grade
+        assert "disagree on test_copy_to_region" in " ".join(proc.stdout.split())
+        import warnings
+
+        from nbgrader.api import Gradebook
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with Gradebook("sqlite:///" + os.path.join(course, "gradebook.db")) as gb:
+                grade = gb.find_grade("test_copy_to_region", notebook_name(course)[:-6], A, "saw-pass-now-wrong")
+                assert grade.needs_manual_grade
+                grade = gb.find_grade("test_copy_to_region", notebook_name(course)[:-6], A, "saw-what-it-gets")
+                assert not grade.needs_manual_grade
+    finally:
+        import shutil
+
+        for s in students:
+            shutil.rmtree(os.path.join(course, "submitted", s), ignore_errors=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(course, "graded", A, f"{s}.json"))
