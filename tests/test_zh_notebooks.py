@@ -26,6 +26,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -259,3 +260,53 @@ def test_the_chinese_release_grades_exactly_as_the_english(assignment, courses):
     assert CJK.search(first) and first in feedback, first
     print(f"\n{assignment}: graded in English and Chinese in {seconds:.1f} s; scores "
           + ", ".join(f"{s} {graded['zh'][s]['score']:g}" for s in ("reference", "untouched", "wrong")))
+
+
+# ---------------------------------------------------------------------------
+# The commands: the release's language chooses what demo and the package build
+# ---------------------------------------------------------------------------
+
+def _make_n(root, *args) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("COURSE_LANG", "MAKEFLAGS", "MAKELEVEL")}
+    proc = subprocess.run(["make", "-n", *args], cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_make_builds_demos_and_packages_in_the_language_asked_or_found(tmp_path):
+    """`make build COURSE_LANG=zh` builds Chinese, `make build` English; `make demo` rebuilds in the language
+    release/ is in (or COURSE_LANG); `make student-package` packages that language (dry runs, on a copy whose
+    release/ notebooks say they are Chinese)."""
+    root = tmp_path / "course"
+    root.mkdir()
+    for name in ("Makefile", "nbgrader_config.py", "pyproject.toml"):
+        shutil.copy2(os.path.join(ROOT, name), root / name)
+    for name in (".venv", "autograder", "assignments"):
+        os.symlink(os.path.join(ROOT, name), root / name)
+    assert "COURSE_LANG=zh " in _make_n(root, "build", "COURSE_LANG=zh")
+    assert "COURSE_LANG=en " in _make_n(root, "build")
+    for a in assignments():
+        path = submissions.notebook_path("release", a)
+        nb = json.load(open(path, encoding="utf-8"))
+        nb["metadata"]["course"] = {"language": "zh"}
+        dest = root / "release" / a / os.path.basename(path)
+        dest.parent.mkdir(parents=True)
+        dest.write_text(json.dumps(nb), encoding="utf-8")
+    demo = _make_n(root, "demo")
+    assert "COURSE_LANG=zh " in demo and "autograder.grade demo" in demo, demo
+    assert "COURSE_LANG=en " in _make_n(root, "demo", "COURSE_LANG=en")
+    assert "--lang" not in _make_n(root, "student-package")          # the release's own language
+    assert "--lang zh" in _make_n(root, "student-package", "COURSE_LANG=zh")
+    assert "--lang zh" in _make_n(root, "lab", "COURSE_LANG=zh")
+
+
+def test_the_chinese_readmes_links_open_and_the_student_commands_are_the_englishs():
+    from autograder.authoring.package import student_commands
+
+    for rel in ("zh/README.md", "zh/README.student.md"):
+        # (zh/README.md is the edition's own guide, not a twin of the course README: the twin rule does not apply)
+        problems = [p for p in link_problems(Lesson(rel)) if "Chinese twin" not in p]
+        assert not problems, f"{rel}:\n  " + "\n  ".join(problems)
+    english = student_commands(open(os.path.join(ROOT, "README.md"), encoding="utf-8").read())
+    chinese = student_commands(open(os.path.join(ROOT, "zh", "README.student.md"), encoding="utf-8").read(), "zh")
+    assert chinese == english, "the Chinese student section's commands differ from the README's"
