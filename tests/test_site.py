@@ -471,9 +471,8 @@ def test_the_chinese_site_holds_every_lesson_every_notebook_and_the_exercises(si
             text = html.unescape("".join(_parse(page).text))
             stubs = [c for c in nb["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("solution")]
             assert text.count("raise NotImplementedError()") >= len(stubs), a    # the same code cells
-            catalog = os.path.join(ROOT, "zh", "notebooks", f"{a}.md")
-            if os.path.exists(catalog) and "TODO(zh)" not in open(catalog, encoding="utf-8").read():
-                assert "练习 1" in text, f"{page}: the notebook's text is not in Chinese"
+            # (a cell whose English changed stays English until translated: tests/test_zh_notebooks.py says which)
+            assert len(ZH_TWIN.findall(text)) > 500, f"{page}: the notebook's text is not in Chinese"
             numbers = [int(m.group(1)) for c in nb["cells"] if c["cell_type"] == "markdown"
                        for m in [re.match(r"^##\s+Exercise\s+(\d+)", "".join(c["source"]))] if m]
             for n in numbers:
