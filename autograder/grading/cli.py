@@ -6,7 +6,7 @@
     python -m autograder.grade scores                                    # the gradebook
     python -m autograder.grade export 02_tensor_parallel --gradescope exports/gs --csv exports/02.csv
     python -m autograder.grade demo                                      # sample submissions, graded, the table
-    python -m autograder.grade student-package                           # dist/llm-parallelism-course.tar.gz
+    python -m autograder.grade student-package [--lang zh]               # dist/llm-parallelism-course.tar.gz
     python -m autograder.grade gradescope-package 02_tensor_parallel     # dist/gradescope-02_tensor_parallel.zip
 
 Run from the course root (where nbgrader_config.py is). `autograde` grades
@@ -303,6 +303,7 @@ def main(argv=None) -> int:
                             "student's submission time, and `late`)")
     p_pkg = sub.add_parser("student-package", help="write the student archive (notebooks, lessons, wheel)")
     p_pkg.add_argument("--out", default="dist", help="folder for the archive (default: dist)")
+    p_pkg.add_argument("--lang", default=None, help="en or zh (default: the language release/ is in)")
     p_gs = sub.add_parser("gradescope-package", help="a Gradescope autograder zip for one assignment")
     p_gs.add_argument("assignment")
     p_gs.add_argument("--out", default="dist", help="folder for the zip (default: dist)")
@@ -312,7 +313,10 @@ def main(argv=None) -> int:
     if args.cmd == "student-package":
         from autograder.authoring.package import build_student_package
 
-        archive = build_student_package(root, os.path.join(root, args.out))
+        try:
+            archive = build_student_package(root, os.path.join(root, args.out), args.lang)
+        except ValueError as exc:
+            raise SystemExit(f"autograder.grade: {exc}") from None
         print(f"wrote {os.path.relpath(archive, root)}: unpack it, then follow its README.md")
         return 0
     if args.cmd == "gradescope-package":
