@@ -31,8 +31,11 @@ processes together (cgroup v1 `memory` and `pids` controllers, or v2), at
 most 1 GiB per file, and a per-process address-space limit where cgroups are
 not writable.
 
-Without bubblewrap the grading command refuses to run unless told
-`--no-sandbox` (and then says so on every run): see the README's threat model.
+Without bubblewrap, or where it cannot build the sandbox, the grading command
+refuses to run unless told `--no-sandbox` (and then says so on every run): see
+the README's threat model. Its reason is bubblewrap's message and the setting
+that is likely missing in a container (`failure_hints`: README, "For
+instructors", the Kubernetes paragraph).
 """
 
 from __future__ import annotations
@@ -141,8 +144,8 @@ def _read(path: str) -> str:
 def failure_hints(said: str, *, status: str | None = None, mountinfo: str | None = None,
                   apparmor: str | None = None, euid: int | None = None, max_userns: str | None = None) -> list[str]:
     """What in the grader's own settings likely made bubblewrap fail with the message `said`, and the setting
-    that allows it (README, "Kubernetes"). The keyword arguments default to this process's
-    /proc/self/status, /proc/self/mountinfo, AppArmor profile, euid and the kernel's user.max_user_namespaces.
+    that allows it (README, "For instructors", the Kubernetes paragraph). The keyword arguments default to this
+    process's /proc/self/status, /proc/self/mountinfo, AppArmor profile, euid and user.max_user_namespaces.
 
     The messages, measured in Docker 20.10 (cluster/Containerfile): root without CAP_SYS_ADMIN "Creating new
     namespace failed"; root without CAP_NET_ADMIN "loopback: Failed RTM_NEWADDR"; root under Docker's default
