@@ -405,7 +405,7 @@ def test_the_nccl_cases_say_why_they_are_skipped_in_one_line(course):
     proc = run_grade(course, "autograde", A, "--quiet")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     skipped = [line for line in proc.stdout.splitlines() if line.startswith("NCCL cases:")]
-    assert skipped == ["NCCL cases: skipped: no CUDA device on this machine; every check ran with gloo on the CPU "
+    assert skipped == ["NCCL cases: skipped: no CUDA device on this machine; every check runs with gloo on the CPU "
                        "(the only graded run)"], proc.stdout
     proc = run_grade(course, "autograde", A, "--quiet", "--nccl", "on")
     assert proc.returncode != 0 and "--nccl on, but no CUDA device on this machine" in proc.stderr

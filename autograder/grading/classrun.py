@@ -466,9 +466,9 @@ def grade_class(root: str, assignment: str, *, jobs: int | None = None, shard: t
     if isolate:
         ok, why = sandbox_status()
         if not ok:
-            raise ClassRunError(f"no sandbox: {why}. Install bubblewrap, or grade without one with "
-                                f"--no-sandbox (student code then sees the course's files: see the README's "
-                                f"threat model)")
+            raise ClassRunError(f"no sandbox: {why.rstrip('.')}. Nothing was graded: fix that, or grade without "
+                                f"a sandbox with --no-sandbox (student code then sees the course's files: see "
+                                f"the README's threat model)")
     with open(source_notebook(root, assignment), encoding="utf-8") as f:
         source = json.load(f)
     rel_path = release_notebook(root, assignment)

@@ -31,8 +31,11 @@ processes together (cgroup v1 `memory` and `pids` controllers, or v2), at
 most 1 GiB per file, and a per-process address-space limit where cgroups are
 not writable.
 
-Without bubblewrap the grading command refuses to run unless told
-`--no-sandbox` (and then says so on every run): see the README's threat model.
+Without bubblewrap, or where it cannot build the sandbox, the grading command
+refuses to run unless told `--no-sandbox` (and then says so on every run): see
+the README's threat model. Its reason is bubblewrap's message and the setting
+that is likely missing in a container (`failure_hints`: README, "For
+instructors", the Kubernetes paragraph).
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ import sys
 import tempfile
 import time
 
-__all__ = ["Sandbox", "SandboxUnavailable", "sandbox_status", "SANDBOX_UID"]
+__all__ = ["Sandbox", "SandboxUnavailable", "sandbox_status", "failure_hints", "SANDBOX_UID"]
 
 _CG1 = "/sys/fs/cgroup"
 _counter = itertools.count()
@@ -124,8 +127,71 @@ def probe(course_root: str | None = None) -> dict:
     try:
         return json.loads(out.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        raise SandboxUnavailable(f"bubblewrap cannot create its sandbox here (exit {code}): "
-                                 f"{out.strip()[-400:]}") from None
+        said = out.strip()[-400:].rstrip(".")
+        hints = failure_hints(said)
+        raise SandboxUnavailable(f"bubblewrap cannot create its sandbox here (exit {code}): {said}"
+                                 + (f". Likely cause: {'; '.join(hints)}" if hints else "")) from None
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def failure_hints(said: str, *, status: str | None = None, mountinfo: str | None = None,
+                  apparmor: str | None = None, euid: int | None = None, max_userns: str | None = None) -> list[str]:
+    """What in the grader's own settings likely made bubblewrap fail with the message `said`, and the setting
+    that allows it (README, "For instructors", the Kubernetes paragraph). The keyword arguments default to this
+    process's /proc/self/status, /proc/self/mountinfo, AppArmor profile, euid and user.max_user_namespaces.
+
+    The messages, measured in Docker 20.10 (cluster/Containerfile): root without CAP_SYS_ADMIN "Creating new
+    namespace failed"; root without CAP_NET_ADMIN "loopback: Failed RTM_NEWADDR"; root under Docker's default
+    seccomp profile "pivot_root: Operation not permitted"; unprivileged under that profile "No permissions to
+    create new namespace"; unprivileged with a masked /proc "Can't mount proc on /newroot/proc"."""
+    status = _read("/proc/self/status") if status is None else status
+    fields = {k: v.strip() for k, _, v in (line.partition(":") for line in status.splitlines())}
+    caps = int(fields.get("CapEff") or "0", 16)
+    seccomp = fields.get("Seccomp") == "2"  # a seccomp filter: a container runtime's profile
+    euid = os.geteuid() if euid is None else euid
+    hints = []
+    if euid == 0:
+        needs = [f"{name} ({why})" for bit, name, why in ((21, "CAP_SYS_ADMIN", "to create the namespaces"),
+                                                          (12, "CAP_NET_ADMIN", "for the loopback of its network "
+                                                                                "namespace"))
+                 if not caps >> bit & 1]
+        if seccomp and (needs or "pivot_root" in said):
+            needs.append("a seccomp profile that allows pivot_root (Docker's and containerd's default profiles "
+                         "refuse it, even with CAP_SYS_ADMIN)")
+        if needs:
+            hints.append(f"bubblewrap run by root needs what this grader lacks: {', '.join(needs)}; or run the "
+                         f"grader as an unprivileged user, which needs no capability "
+                         f"(cluster/k8s-autograde-job.yaml)")
+    else:
+        mountinfo = _read("/proc/self/mountinfo") if mountinfo is None else mountinfo
+        covered = sorted({f[4] for f in (line.split() for line in mountinfo.splitlines()) if len(f) > 4
+                          and f[4].startswith("/proc/") and f[4] != "/proc/sys/fs/binfmt_misc"})
+        if "mount proc" in said or (covered and "namespace" in said):  # (the next step's failure, said at once)
+            shown = ", ".join(covered[:3]) + (", ..." if len(covered) > 3 else "")
+            hints.append("the container's /proc is partly masked" + (f" ({shown} mounted over)" if covered else "")
+                         + ", and the kernel lets a user namespace mount a new /proc only where all of /proc is "
+                           "visible: Docker --security-opt systempaths=unconfined, Kubernetes procMount: Unmasked")
+        max_userns = _read("/proc/sys/user/max_user_namespaces").strip() if max_userns is None else max_userns
+        if "namespace" in said and max_userns == "0":
+            hints.append("the kernel allows no user namespaces (sysctl user.max_user_namespaces = 0)")
+        elif seccomp and any(word in said for word in ("namespace", "hostname", "pivot_root", "mount")):
+            hints.append("the grader runs under a seccomp filter (Seccomp: 2 in /proc/self/status), and Docker's "
+                         "and containerd's default profiles refuse user namespaces to a process without "
+                         "CAP_SYS_ADMIN: Docker --security-opt seccomp=unconfined, Kubernetes seccompProfile: "
+                         "Unconfined")
+    apparmor = _read("/proc/self/attr/apparmor/current").strip() if apparmor is None else apparmor
+    if apparmor and not apparmor.startswith("unconfined"):  # (not measured: no AppArmor where this was written)
+        hints.append(f"the grader is confined by the AppArmor profile {apparmor} (Docker's and containerd's "
+                     f"default profiles deny mount): Docker --security-opt apparmor=unconfined, Kubernetes "
+                     f"appArmorProfile: Unconfined")
+    return hints
 
 
 def probe_problems(facts: dict) -> list[str]:
