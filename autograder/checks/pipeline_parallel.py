@@ -55,14 +55,17 @@ from autograder.lessons.volume import pp_bubble_fraction
 from .pipeline_schedules import (  # noqa: F401 - part of this module's public API (the notebook imports it here)
     _action_text, _check_complete, _check_feasible, _normalize, _schedule_lists, check_bubble_fraction,
     check_gpipe_schedule, check_interleaved_schedule, check_one_f_one_b_schedule, format_actions, in_flight_peak,
-    show_schedules, simulate_schedules,
+    pending_peak, show_schedules, simulate_schedules,
 )
 
 __all__ = [
     "TaggedStage", "simulate_schedules", "show_schedules", "format_actions", "in_flight_peak",
     "check_p2p_helpers", "check_gpipe_schedule", "check_one_f_one_b_schedule", "check_interleaved_schedule",
     "check_bubble_fraction", "check_run_pipeline", "check_pipeline_memory", "check_run_pipeline_errors",
-    "record_timeline", "measured_idle_fraction", "plot_pipeline_timelines",
+    "record_timeline", "measured_idle_fraction", "plot_pipeline_timelines", "pending_peak",
+    "check_split_backward", "check_split_backward_memory", "check_zb_h1_schedule", "check_dualpipev_schedule",
+    "check_run_pipeline_zb", "check_pipeline_zb_memory", "record_zb_timeline", "plot_zb_timelines", "torch_schedule",
+    "torch_schedule_fn",
 ]
 
 _TIMEOUT = 5.0  # seconds: a deadlock is reported within this, with every rank's stack
@@ -938,3 +941,11 @@ def plot_pipeline_timelines(run_pipeline, runs, *, bubble_fraction=None, forward
         handles.append(Patch(facecolor="#E6E6E6", hatch="///", edgecolor="#BBBBBB", label="idle"))
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
     return picture(fig)
+
+
+# The zero-bubble exercises' checks (split backward, ZB-H1, DualPipeV, run_pipeline_zb), importable from here too.
+from .pipeline_zero_bubble import (  # noqa: E402,F401 - part of this module's public API (the notebook imports it here)
+    check_dualpipev_schedule, check_pipeline_zb_memory, check_run_pipeline_zb, check_split_backward,
+    check_split_backward_memory, check_zb_h1_schedule, plot_zb_timelines, record_zb_timeline, torch_schedule,
+    torch_schedule_fn,
+)

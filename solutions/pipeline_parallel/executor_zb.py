@@ -26,7 +26,7 @@ gloo matches messages between two ranks in posting order per tag, so each
 stream gets its own tag (activations 0, gradients 1) and arrives where it is
 expected.
 
-Tested by:  .venv/bin/python -m pytest -q tests/test_pipeline_parallel_solutions.py
+Tested by:  .venv/bin/python -m pytest -q tests/test_pipeline_zero_bubble.py
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ from solutions.pipeline_parallel.split_backward import backward_input, backward_
 
 __all__ = ["run_pipeline_zb"]
 
-ACTIVATION_TAG, GRADIENT_TAG = 0, 1
+ACTIVATION_TAG = 0  # the tag of every activation message (forward)
+GRADIENT_TAG = 1  # the tag of every input-gradient message (backward)
 
 
 # ---------------------------------------------------------------------------

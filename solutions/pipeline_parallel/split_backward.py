@@ -32,7 +32,7 @@ layers instead (`--delay-wgrad-compute`: TransformerEngine's `backward_dw`),
 as do DeepSeek's DualPipe (`WeightGradStore`) and the zero-bubble authors'
 fork: the lesson compares them.
 
-Tested by:  .venv/bin/python -m pytest -q tests/test_pipeline_parallel_solutions.py
+Tested by:  .venv/bin/python -m pytest -q tests/test_pipeline_zero_bubble.py
 """
 
 from __future__ import annotations
