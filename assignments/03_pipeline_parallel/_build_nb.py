@@ -691,10 +691,15 @@ def build() -> NotebookBuilder:
     ZB-H1 and DualPipeV on 4 ranks, as *your* `run_pipeline_zb` ran them, on
     stages that sleep F = 20 ms per forward, 20 ms for the input gradient B
     and 20 ms for the weights W (a whole backward 40 ms): blue forwards,
-    orange Bs, green Ws, lighter for chunk 1. Compare the hatched idle time
-    with the 1F1B picture above (same costs, 27 % idle): ZB-H1 fills the
-    cool-down with the deferred Ws, DualPipeV also shrinks the fill by
-    starting the way back (chunk 1) early. The row labels give the most
+    orange Bs, green Ws, lighter for chunk 1 (a whole backward shows as its B
+    then its W). Compare the hatched idle time with the 1F1B picture above
+    (same costs, 27 % idle on the ideal timeline): ZB-H1 fills the cool-down
+    with the deferred Ws (11 % ideal), DualPipeV also shrinks the fill by
+    starting the way back (chunk 1) early (6 % ideal). The measured idle is
+    higher than the ideal one, DualPipeV's most: its chunks are half a stage
+    (10 ms) and it sends twice the messages, so what a message costs on a
+    shared CPU (and the first message between two ranks, which opens their
+    connection) shows more. The row labels give the most
     micro-batches each rank kept activations for: ZB-H1 holds p on every
     rank (1F1B's stage 0), DualPipeV 2p + 1 chunks of half a stage each (its
     price). Run it once exercise 9 passes.
