@@ -109,8 +109,8 @@ def test_split_points_reject_a_parameter_used_twice():
 
 def test_public_split_checks_pass_on_the_reference_every_case():
     cases = list(zb._SPLIT_CASES)
-    checks.check_split_backward(backward_input, backward_weight, cases=cases, batch=4, seed=2)
-    checks.check_split_backward_memory(backward_input, backward_weight, cases=cases, batch=4, seed=2)
+    zb.check_split_backward(backward_input, backward_weight, cases=cases, batch=4, seed=2)
+    zb.check_split_backward_memory(backward_input, backward_weight, cases=cases, batch=4, seed=2)
 
 
 # ---------------------------------------------------------------------------
@@ -272,18 +272,18 @@ def test_course_schedules_equal_torchs_order_over_a_sweep():
     (interleaved_1f1b_schedule, dict(num_stages=2, num_microbatches=4, num_chunks=2)),
 ])
 def test_run_pipeline_zb_reference(fn, kw):
-    checks.check_run_pipeline_zb(run_pipeline_zb, fn, **kw)
+    zb.check_run_pipeline_zb(run_pipeline_zb, fn, **kw)
 
 
 def test_zb_memory_reference():
-    checks.check_pipeline_zb_memory(run_pipeline_zb, zb_h1_schedule, num_stages=4, num_microbatches=7)
-    checks.check_pipeline_zb_memory(run_pipeline_zb, dualpipev_schedule, num_stages=4, num_microbatches=8, style="v")
+    zb.check_pipeline_zb_memory(run_pipeline_zb, zb_h1_schedule, num_stages=4, num_microbatches=7)
+    zb.check_pipeline_zb_memory(run_pipeline_zb, dualpipev_schedule, num_stages=4, num_microbatches=8, style="v")
 
 
 def test_public_schedule_checks_pass_on_the_reference():
-    checks.check_zb_h1_schedule(zb_h1_schedule, cases=[(4, 8), (3, 5), (4, 3), (2, 2), (5, 9), (6, 6), (3, 1),
+    zb.check_zb_h1_schedule(zb_h1_schedule, cases=[(4, 8), (3, 5), (4, 3), (2, 2), (5, 9), (6, 6), (3, 1),
                                                        (1, 3)])
-    checks.check_dualpipev_schedule(dualpipev_schedule, cases=[(4, 8), (2, 4), (3, 7), (2, 5), (4, 11), (5, 10),
+    zb.check_dualpipev_schedule(dualpipev_schedule, cases=[(4, 8), (2, 4), (3, 7), (2, 5), (4, 11), (5, 10),
                                                                (6, 13)])
 
 

@@ -1,7 +1,9 @@
 """Public checks of assignment 03 (pipeline parallelism): what is graded, readably.
 
 The schedule checks live in autograder/checks/pipeline_schedules.py and are
-re-exported here, so a notebook imports every check from this module.
+re-exported here; the checks of the zero-bubble exercises (the split backward,
+ZB-H1, DualPipeV, run_pipeline_zb) are in pipeline_zero_bubble.py, built on
+this module.
 
     import autograder.checks.pipeline_parallel as checks
     checks.check_one_f_one_b_schedule(one_f_one_b_schedule)
@@ -63,9 +65,6 @@ __all__ = [
     "check_p2p_helpers", "check_gpipe_schedule", "check_one_f_one_b_schedule", "check_interleaved_schedule",
     "check_bubble_fraction", "check_run_pipeline", "check_pipeline_memory", "check_run_pipeline_errors",
     "record_timeline", "measured_idle_fraction", "plot_pipeline_timelines", "pending_peak",
-    "check_split_backward", "check_split_backward_memory", "check_zb_h1_schedule", "check_dualpipev_schedule",
-    "check_run_pipeline_zb", "check_pipeline_zb_memory", "record_zb_timeline", "plot_zb_timelines", "torch_schedule",
-    "torch_schedule_fn",
 ]
 
 _TIMEOUT = 5.0  # seconds: a deadlock is reported within this, with every rank's stack
@@ -942,10 +941,3 @@ def plot_pipeline_timelines(run_pipeline, runs, *, bubble_fraction=None, forward
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
     return picture(fig)
 
-
-# The zero-bubble exercises' checks (split backward, ZB-H1, DualPipeV, run_pipeline_zb), importable from here too.
-from .pipeline_zero_bubble import (  # noqa: E402,F401 - part of this module's public API (the notebook imports it here)
-    check_dualpipev_schedule, check_pipeline_zb_memory, check_run_pipeline_zb, check_split_backward,
-    check_split_backward_memory, check_zb_h1_schedule, plot_zb_timelines, record_zb_timeline, torch_schedule,
-    torch_schedule_fn,
-)

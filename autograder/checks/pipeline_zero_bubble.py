@@ -1,6 +1,6 @@
 """Public checks of assignment 03, part 3: the backward split in two, zero-bubble schedules, their executor.
 
-    from autograder.checks.pipeline_parallel import check_split_backward   # re-exported there
+    from autograder.checks.pipeline_zero_bubble import check_split_backward
     check_split_backward(backward_input, backward_weight)
 
 Graded here (the exercises after interleaved 1F1B):
