@@ -325,7 +325,8 @@ def build() -> NotebookBuilder:
     nb.test("test_run_pipeline_gpipe", 8,
             doc="GPipe through run_pipeline: loss and every gradient equal single-process; executed order and P2P as scheduled.",
             visible="""
-    check_run_pipeline(run_pipeline, gpipe_schedule, num_stages=3, num_microbatches=3)
+    check_run_pipeline(run_pipeline, gpipe_schedule, num_stages=3, num_microbatches=3, world_size=4,
+                       pp_ranks=[[0, 2, 3]])
     """, hidden="""
     check_run_pipeline(run_pipeline, gpipe_schedule, num_stages=3, num_microbatches=1, world_size=4,
                        pp_ranks=[[1, 2, 3]], seed=1)
@@ -349,7 +350,8 @@ def build() -> NotebookBuilder:
     nb.test("test_pipeline_memory", 8,
             doc="Stage outputs kept alive: exactly what the schedule needs after every forward (1F1B: min(p - s, m)), none after.",
             visible="""
-    check_pipeline_memory(run_pipeline, one_f_one_b_schedule, num_stages=3, num_microbatches=5)
+    check_pipeline_memory(run_pipeline, one_f_one_b_schedule, num_stages=3, num_microbatches=5, world_size=4,
+                          pp_ranks=[[1, 2, 3]])
     """, hidden="""
     check_pipeline_memory(run_pipeline, one_f_one_b_schedule, num_stages=4, num_microbatches=7, seed=1)
     check_pipeline_memory(run_pipeline, gpipe_schedule, num_stages=3, num_microbatches=4, world_size=4,
@@ -422,7 +424,8 @@ def build() -> NotebookBuilder:
     nb.test("test_run_pipeline_interleaved", 11,
             doc="run_pipeline with model chunks: loss and gradients equal single-process; executed order and P2P as scheduled.",
             visible="""
-    check_run_pipeline(run_pipeline, interleaved_1f1b_schedule, num_stages=3, num_microbatches=6, num_chunks=2)
+    check_run_pipeline(run_pipeline, interleaved_1f1b_schedule, num_stages=3, num_microbatches=6, num_chunks=2,
+                       world_size=4, pp_ranks=[[1, 2, 3]])
     """, hidden="""
     check_run_pipeline(run_pipeline, interleaved_1f1b_schedule, num_stages=3, num_microbatches=3, num_chunks=3,
                        world_size=4, pp_ranks=[[1, 2, 3]], seed=1)
@@ -640,7 +643,7 @@ def build() -> NotebookBuilder:
       receives block, every handle is waited before returning, as before.
 
     Graded: loss and gradients against single-process float64 (ZB-H1 and
-    DualPipeV, p = 2 and 4, several micro-batch counts, pipeline groups inside
+    DualPipeV, p = 2, 3 and 4, several micro-batch counts, pipeline groups inside
     a larger world); the order in which each stage ran its F, B and W
     (recorded while it ran: a B that computes a weight gradient the list
     deferred fails); the P2P messages; and memory: after every forward,
@@ -655,7 +658,7 @@ def build() -> NotebookBuilder:
             visible="""
     check_run_pipeline_zb(run_pipeline_zb, zb_h1_schedule, num_stages=4, num_microbatches=6)
     check_run_pipeline_zb(run_pipeline_zb, torch_schedule_fn("zb_interleaved"), num_stages=2, num_microbatches=4,
-                          num_chunks=2)
+                          num_chunks=2, world_size=3, pp_ranks=[[0, 2]])
     """, hidden="""
     check_run_pipeline_zb(run_pipeline_zb, zb_h1_schedule, num_stages=2, num_microbatches=3, seed=1)
     check_run_pipeline_zb(run_pipeline_zb, zb_h1_schedule, num_stages=4, num_microbatches=2, dtype=torch.float32, seed=2)
@@ -668,8 +671,10 @@ def build() -> NotebookBuilder:
     nb.test("test_run_pipeline_dualpipev", 5,
             doc="DualPipeV (and ZBV) through run_pipeline_zb: V placement, loss, gradients, executed F/B/W and F&B order, P2P.",
             visible="""
-    check_run_pipeline_zb(run_pipeline_zb, dualpipev_schedule, num_stages=4, num_microbatches=8, style="v")
+    check_run_pipeline_zb(run_pipeline_zb, dualpipev_schedule, num_stages=3, num_microbatches=6, style="v", world_size=4,
+                          pp_ranks=[[1, 2, 3]])
     """, hidden="""
+    check_run_pipeline_zb(run_pipeline_zb, dualpipev_schedule, num_stages=4, num_microbatches=8, style="v", seed=6)
     check_run_pipeline_zb(run_pipeline_zb, dualpipev_schedule, num_stages=2, num_microbatches=4, style="v", seed=1)
     check_run_pipeline_zb(run_pipeline_zb, dualpipev_schedule, num_stages=2, num_microbatches=5, style="v",
                           world_size=4, pp_ranks=[[1, 3]], dtype=torch.float32, seed=2)
@@ -681,7 +686,8 @@ def build() -> NotebookBuilder:
             doc="run_pipeline_zb keeps each output until its B and each W's inputs until that W, nothing after the step.",
             visible="""
     check_pipeline_zb_memory(run_pipeline_zb, zb_h1_schedule, num_stages=3, num_microbatches=5)
-    check_pipeline_zb_memory(run_pipeline_zb, dualpipev_schedule, num_stages=2, num_microbatches=5, style="v")
+    check_pipeline_zb_memory(run_pipeline_zb, dualpipev_schedule, num_stages=2, num_microbatches=5, style="v",
+                             world_size=3, pp_ranks=[[1, 2]])
     """, hidden="""
     check_pipeline_zb_memory(run_pipeline_zb, dualpipev_schedule, num_stages=4, num_microbatches=8, style="v", seed=1)
     check_pipeline_zb_memory(run_pipeline_zb, zb_h1_schedule, num_stages=4, num_microbatches=7, world_size=4,

@@ -281,6 +281,14 @@ MUTANTS = [
         why="B sends the input's gradient to the rank of the next stage instead of the previous one",
     ),
     mutant(
+        "zb_global_rank", "run_pipeline_zb",
+        [('    size, rank = _group_size_rank(pp_group, "run_pipeline_zb")',
+          '    size, rank = _group_size_rank(pp_group, "run_pipeline_zb")[0], dist.get_rank()')],
+        must_fail={*ZB_RUN_CELLS, "test_pipeline_zb_memory"},
+        why="run_pipeline_zb takes the global rank for its place in the pipeline: wrong as soon as the pipeline "
+            "group is not the world",
+    ),
+    mutant(
         "zb_w_never_run", "run_pipeline_zb",
         [('    backward_weight(state["weights"].pop((mb, chunk)))',
           '    state["weights"].pop((mb, chunk))  # the weights can wait')],
