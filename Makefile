@@ -11,6 +11,14 @@ export PYTHONPATH := $(CURDIR)
 # nbgrader runs `alembic` from PATH
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
+# The language of the notebooks' text (issue 24): `make build COURSE_LANG=zh` rebuilds source/ and release/ in
+# Chinese (same files, cells and grading ids; the text from zh/notebooks/), `make build` in English again.
+# demo grades the release in the language it is in; student-package and lab package it in that language too,
+# or in COURSE_LANG when given (autograder/authoring/translations.py).
+COURSE_LANG ?= en
+LANG_GIVEN = $(filter command line environment,$(origin COURSE_LANG))
+RELEASE_LANG = $(shell $(PY) -m autograder.authoring.translations language 2>/dev/null || echo en)
+
 .PHONY: install build test test-all demo lab clean student-package site
 
 install: $(STAMP)
@@ -26,16 +34,18 @@ $(STAMP): pyproject.toml
 # Rebuild every source notebook from assignments/*/_build_nb.py, then release/.
 build: $(STAMP)
 	@for a in $(ASSIGNMENTS); do \
-	  echo "build $$a"; \
-	  $(PY) assignments/$$a/_build_nb.py || exit 1; \
+	  echo "build $$a ($(COURSE_LANG))"; \
+	  COURSE_LANG=$(COURSE_LANG) $(PY) assignments/$$a/_build_nb.py || exit 1; \
 	  $(VENV)/bin/nbgrader generate_assignment $$a --force --log-level=ERROR || exit 1; \
 	done
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	env -u COURSE_LANG $(PY) -m pytest -q
 
-# Build the course, autograde the sample submissions with nbgrader, print the gradebook.
-demo: build
+# Build the course (in the language release/ is in, or COURSE_LANG), autograde the sample submissions with
+# nbgrader, print the gradebook.
+demo: $(STAMP)
+	@$(MAKE) --no-print-directory build COURSE_LANG=$(if $(LANG_GIVEN),$(COURSE_LANG),$(RELEASE_LANG))
 	$(PY) -m autograder.grade demo
 
 # JupyterLab on the student package, unpacked as a student unpacks it (notebooks and lessons side by side).
@@ -49,16 +59,17 @@ lab: student-package
 # this README.
 student-package: $(STAMP)
 	rm -rf dist
-	$(PY) -m autograder.grade student-package --out dist
+	$(PY) -m autograder.grade student-package --out dist $(if $(LANG_GIVEN),--lang $(COURSE_LANG))
 
 clean:
 	rm -rf submitted autograded feedback gradebook.db .pytest_cache dist
 
 # Everything, the opt-in sweeps included (every mutant on every cell of its notebook).
 test-all: $(STAMP)
-	COURSE_EXHAUSTIVE=1 $(PY) -m pytest -q
+	env -u COURSE_LANG COURSE_EXHAUSTIVE=1 $(PY) -m pytest -q
 
 # The course as a website: build/site/index.html (overview, lessons, release notebooks never executed, a page
-# per exercise, formulas as MathML, figures drawn by autograder/, code links at pinned commits). Offline.
+# per exercise, formulas as MathML, figures drawn by autograder/, code links at pinned commits), and the same
+# in Chinese under build/site/zh/, a language switch on every page. Offline.
 site: $(STAMP)
 	$(PY) docs/build_site.py --out build/site

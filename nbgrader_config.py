@@ -61,6 +61,7 @@ c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, HideTestTraceba
 
 # An LMS download: `nbgrader zip_collect ASSIGNMENT` collects a Canvas "Download Submissions" zip put in
 # downloaded/ASSIGNMENT/archive/ into submitted/<login>/ASSIGNMENT/. Canvas names each file
-# <login>_[LATE_]<user id>_<submission id>_<the student's file name> (README, "For instructors").
-c.ZipCollectApp.collector_plugin = "nbgrader.plugins.zipcollect.FileNameCollectorPlugin"
-c.FileNameCollectorPlugin.named_regexp = r".*/(?P<student_id>[a-z0-9]+)_(?:LATE_)?\d+_\d+_(?P<file_id>[^/]+)$"
+# <login>_[LATE_]<user id>_<submission id>_<the student's file name> (README, "For instructors"); the collector
+# keeps the LATE marker (downloaded/ASSIGNMENT/canvas-late.json) for `export --csv`.
+c.ZipCollectApp.collector_plugin = "autograder.grading.canvas.CanvasCollectorPlugin"
+c.FileNameCollectorPlugin.named_regexp = r".*/(?P<student_id>[a-z0-9]+)_(?P<late>LATE_)?\d+_\d+_(?P<file_id>[^/]+)$"

@@ -32,7 +32,10 @@ TABLE_PATH = os.path.join(HERE, "code_refs.json")
 CODE = re.compile(r"`([^`\n]+)`")
 PATH = re.compile(r"^(?:[\w.-]+/)*[\w.-]+\.(?:py|cpp|h|cu|cuh|md|yaml|sh)$|^(?:[\w.-]+/)+$|^[\w.-]+(?:/[\w.-]+)+$")
 HEADING = re.compile(r"^(#{1,6})\s+(.*)$")
-SOURCE_START = re.compile(r"^(?:Exercises? [\d, and-]+\.\s+)?Sources?:")
+# the Chinese lessons (zh/) say 来源： / 出处：, 代码对照表 and 文件 / 符号 where the English says Source:, Code map, file / symbol
+SOURCE_START = re.compile(r"^(?:Exercises? [\d, and-]+\.\s+)?Sources?:|^(?:练习[\d ，、和-]+。)?(?:来源|出处)：")
+CODE_MAP = re.compile(r"code map|代码对照", re.I)
+FILE_COLUMN, SYMBOL_COLUMN = ("file", "文件"), ("symbol", "符号")
 # first components of full paths inside the repositories the lessons cite
 FULL_PATH_ROOTS = ("megatron/", "torch/", "deepspeed/", "ring_flash_attn/", "transformer_engine/", "deep_ep/",
                    "torchtitan/")
@@ -122,7 +125,7 @@ def lesson_references(text: str) -> list[Reference]:
             level = len(h.group(1))
             if in_code_map and level <= code_map_level:
                 in_code_map = False
-            if re.search(r"code map", h.group(2), re.I):
+            if CODE_MAP.search(h.group(2)):
                 in_code_map, code_map_level, header = True, level, []
             if level > 1:
                 source_done = True
@@ -141,8 +144,8 @@ def lesson_references(text: str) -> list[Reference]:
             for col, (cell, offset) in enumerate(cells):
                 name = header[col] if col < len(header) else f"column {col}"
                 opened = _walk_spans(cell, refs, f"code map: {name}", i + 1,
-                                     carry if name.lower() == "symbol" else None, offset)
-                carry = opened if name.lower() == "file" else None
+                                     carry if name.lower() in SYMBOL_COLUMN else None, offset)
+                carry = opened if name.lower() in FILE_COLUMN else None
             i += 1
             continue
         if not source_done and SOURCE_START.match(raw):
@@ -217,16 +220,20 @@ def symbol_target(table: dict, entry: dict, name: str) -> tuple[dict, list[int] 
     return None
 
 
-def link_references(text: str, lesson: str, table: dict) -> tuple[str, list[dict]]:
+def link_references(text: str, lesson: str, table: dict, *, resolver=None) -> tuple[str, list[dict]]:
     """The lesson with each code reference's path and symbol spans turned into permalinks, exactly where the
     references were found (a course name in a table's first column is not a symbol of the file next to it).
 
     Returns (markdown, links) where links lists {"line", "span", "url", "repo", "commit"}. A reference
-    missing from the table raises KeyError naming it (the table must be regenerated)."""
+    missing from the table raises KeyError naming it (the table must be regenerated). `resolver(ref)`, when
+    given, finds a reference's entry instead of the table's key (a translated lesson resolves its references
+    through its English original's: docs/build_site.py); a reference it returns None for stays plain text."""
     lines = text.splitlines(keepends=True)
     edits: dict[int, list[tuple[int, int, str, dict]]] = {}
     for ref in lesson_references(text):
-        entry = resolve(table, lesson, ref)
+        entry = resolve(table, lesson, ref) if resolver is None else resolver(ref)
+        if entry is None and resolver is not None:
+            continue
         if entry is None:
             raise KeyError(f"{lesson}:{ref.line}: no entry for the code reference `{ref.path}` "
                            f"({ref.context}) in docs/code_refs.json: run docs/resolve_code_refs.py")

@@ -1,6 +1,6 @@
 """Sphinx configuration of the course site (`make site`; docs/build_site.py stages the sources first).
 
-The sources Sphinx reads are a staged copy (build/site-src/): the course
+The sources Sphinx reads are a staged copy (build/site-src/, the Chinese site's build/site-src-zh/): the course
 overview as `index.md`, `assignments/` (lessons with code links and figures
 added), `release/` (the student notebooks, never executed) and `exercises/`
 (a page per exercise, generated from the notebooks).
@@ -36,6 +36,10 @@ nb_merge_streams = True
 html_math_renderer = "mathml"
 
 html_theme = "furo"
+# the language switch of every page (docs/_templates/lang-switch.html, in Furo's announcement bar); the Chinese
+# build sets course_lang=zh, language=zh_CN (Sphinx's own strings, and its Chinese search: jieba cuts the words)
+templates_path = ["_templates"]
+html_context = {"course_lang": "en"}
 html_title = "LLM parallelism course"
 html_static_path = ["_static"]
 html_css_files = ["course.css"]
@@ -45,8 +49,22 @@ html_last_updated_fmt = None
 html_theme_options = {
     "navigation_with_keys": True,
     "top_of_page_buttons": [],
+    "announcement": "language",     # the block itself is the switch (docs/_templates/page.html)
 }
 pygments_style = "default"
 
 suppress_warnings = ["mystnb.unknown_mime_type"]
 exclude_patterns = ["_build", "**.ipynb_checkpoints"]
+
+
+def setup(app):
+    # The Chinese site's search (language = zh_CN): Sphinx 9.0.4 indexes Chinese words with jieba, but its
+    # language_data.js then says `window.Stemmer = ChineseStemmer`, a class that does not exist (the Chinese
+    # search stems Latin words with the English stemmer), and every search stops there (sphinx-doc/sphinx#14229,
+    # fixed upstream by #14416 after 9.0.4). The same search language, naming the stemmer it ships.
+    from sphinx.search.zh import SearchChinese
+
+    class SearchChineseEnglishStemmer(SearchChinese):
+        language_name = "English"
+
+    app.add_search_language(SearchChineseEnglishStemmer)

@@ -32,6 +32,7 @@ class Figure:
     section: str        # the heading (its start) at whose section's end the figure goes
     caption: str
     draw: callable      # () -> matplotlib Figure
+    caption_zh: str = ""   # the caption on the Chinese site (the same formulas and code spans)
 
 
 def _save(fig, path: str) -> None:
@@ -223,26 +224,38 @@ FIGURES = [
     Figure("dp_volume", "assignments/01_data_parallel/README.md", "## 2. Communication per step",
            "Bytes each rank sends per step against the number of data-parallel ranks, from "
            "`autograder.lessons.volume.dp_step_bytes` (the function the volume tests check against the ledger): "
-           "DDP and ZeRO-1/2 tend to $2\\Psi b$, ZeRO-3 to $3\\Psi b$.", dp_volume),
+           "DDP and ZeRO-1/2 tend to $2\\Psi b$, ZeRO-3 to $3\\Psi b$.", dp_volume,
+           "每个 rank 每个 step 发送的字节数与数据并行 rank 数的关系，由 `autograder.lessons.volume.dp_step_bytes` "
+           "算出（volume 测试拿来与账本对照的正是这个函数）：DDP 和 ZeRO-1/2 趋于 $2\\Psi b$，ZeRO-3 趋于 $3\\Psi b$。"),
     Figure("zero_memory", "assignments/01_data_parallel/README.md", "## 3. The memory ledger",
            "The ledger above for $\\Psi = 7.5 \\cdot 10^9$ and $d = 64$, drawn by the notebook's "
            "`plot_memory_ledger`; the formulas are checked at build time by the exercise's public check "
-           "`check_zero_bytes_per_param`.", zero_memory),
+           "`check_zero_bytes_per_param`.", zero_memory,
+           "上面的账本在 $\\Psi = 7.5 \\cdot 10^9$、$d = 64$ 时的样子，由 notebook 的 `plot_memory_ledger` 画出；"
+           "构建时用练习的公开检查 `check_zero_bytes_per_param` 核对这些公式。"),
     Figure("tp_volume", "assignments/02_tensor_parallel/README.md", "## 3. Communication volume per transformer layer",
            "Bytes a rank sends for one layer, from `autograder.lessons.volume.tp_layer_bytes`: sequence parallelism "
            "keeps the forward volume of plain TP and adds one all-gather in backward (Megatron re-gathers the "
-           "input for the weight gradient).", tp_volume),
+           "input for the weight gradient).", tp_volume,
+           "一个 rank 为一层发送的字节数，由 `autograder.lessons.volume.tp_layer_bytes` 算出：序列并行保持普通 TP "
+           "的前向通信量，反向多一次 all-gather（Megatron 为权重梯度重新 gather 输入）。"),
     Figure("pp_schedules", "assignments/03_pipeline_parallel/README.md", "## 3. The schedules side by side",
            "GPipe and 1F1B on an ideal timeline (`simulate_schedules`, the checks' simulator): the same idle "
            "time, checked at build time against `pp_bubble_fraction`; 1F1B keeps at most $p$ micro-batches "
-           "alive instead of $m$.", pp_schedules),
+           "alive instead of $m$.", pp_schedules,
+           "理想时间线上的 GPipe 与 1F1B（`simulate_schedules`，检查用的模拟器）：空闲时间相同，构建时与 "
+           "`pp_bubble_fraction` 核对；1F1B 最多同时保留 $p$ 个 micro-batch，而不是 $m$ 个。"),
     Figure("cp_volume", "assignments/04_context_parallel/README.md", "## 3. Three ways to give every query every key",
            "Bytes a rank sends for one attention layer, from `autograder.lessons.volume` (`cp_ring_bytes`, "
            "`cp_allgather_bytes`, `cp_ulysses_bytes`), for a GQA model with 8 times fewer K/V heads "
-           "than query heads.", cp_volume),
+           "than query heads.", cp_volume,
+           "一个 rank 为一个 attention 层发送的字节数，由 `autograder.lessons.volume`（`cp_ring_bytes`、"
+           "`cp_allgather_bytes`、`cp_ulysses_bytes`）算出；模型用 GQA，K/V head 比 query head 少 8 倍。"),
     Figure("ring_steps", "assignments/04_context_parallel/03_zigzag.md", "## The zigzag layout",
            "Contiguous against zigzag, drawn by the notebook's `plot_ring_steps` from the rule above: with "
-           "zigzag every rank does the same work at every step after the first.", ring_steps),
+           "zigzag every rank does the same work at every step after the first.", ring_steps,
+           "连续布局与 zigzag 布局的对比，由 notebook 的 `plot_ring_steps` 按上面的规则画出：用 zigzag 时，"
+           "第一步之后的每一步里每个 rank 的工作量都一样。"),
 ]
 
 

@@ -9,8 +9,9 @@ On a scratch course whose assignment 02 is cut to two graded cells
 - three shards run as separate processes at once, merged, give the gradebook
   of a single run; merging again changes nothing;
 - notebooks that cannot be graded get a named reason, and everyone else is graded;
-- Gradescope's results.json per submission: the format, the scores, no hidden test;
-- a Canvas download collected with `nbgrader zip_collect` is graded;
+- Gradescope's results.json per submission: the format, the scores, no hidden test; the CSV of one
+  assignment, with the students' submission times and lateness, written where asked, nothing left untracked;
+- a Canvas download collected with `nbgrader zip_collect` is graded, its LATE marker kept in the CSV;
 - a second command waits for nobody: it says who holds the course's lock.
 """
 
@@ -43,7 +44,29 @@ def course(tmp_path_factory):
     write_submission(root, "bob", release(root))
     write_submission(root, "carol", edit(ref, "tp_mappings", lambda s: s.replace(*WRONG)))
     write_submission(root, "dave", ref, name="tensor_parallel_lab-Copy1.ipynb")
+    for student, when in STAMPS.items():  # what nbgrader collect writes beside the notebook
+        with open(os.path.join(root, "submitted", student, A, "timestamp.txt"), "w") as f:
+            f.write(f"{when}.000000 UTC")
+    # the course is a git repository, as an instructor keeps it: grading and exports leave no untracked file
+    for cmd in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c"]):
+        subprocess.run(["git", *cmd], cwd=root, check=True, capture_output=True)
     return root
+
+
+STAMPS = {"alice": "2026-01-15 09:30:00", "carol": "2026-01-25 18:00:00"}  # bob and dave: no timestamp.txt
+
+
+def _untracked(root: str) -> list[str]:
+    out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=root, capture_output=True,
+                         text=True, check=True).stdout
+    return out.splitlines()
+
+
+def _csv(path) -> list[dict]:
+    import csv
+
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
 
 
 def _scores(recs: dict) -> dict:
@@ -152,21 +175,33 @@ def _duplicate_cell(nb: dict) -> dict:
     return nb
 
 
-def test_gradescope_results_follow_the_format_and_show_no_hidden_test(course, tmp_path):
+def test_exports_gradescope_results_and_the_csv_of_one_assignment_where_the_instructor_says(course):
+    import datetime
+    import warnings
+
     from course import secret_lines
+    from nbgrader.api import Gradebook
 
     import nbformat
 
     proc = run_grade(course, "autograde", A, "--jobs", "2", "--quiet")
     assert proc.returncode == 0, proc.stdout[-2000:]
-    out = tmp_path / "gradescope"
-    proc = run_grade(course, "export", A, "--gradescope", str(out), "--csv", str(tmp_path / "grades.csv"))
+    # the gradebook also holds another assignment (submitted by alice only) and a due date for this one
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Gradebook("sqlite:///" + os.path.join(course, "gradebook.db")) as gb:
+            gb.update_or_create_assignment("01_data_parallel")
+            gb.update_or_create_submission("01_data_parallel", "alice")
+            gb.update_or_create_assignment(A, duedate=datetime.datetime(2026, 1, 20, 23, 59))
+    proc = run_grade(course, "export", A, "--gradescope", "exports/gradescope", "--csv", "exports/grades.csv")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = os.path.join(course, "exports", "gradescope")
     source = nbformat.read(os.path.join(course, "source", A, notebook_name(course)), as_version=4)
     hidden = secret_lines(source)[1]
     assert hidden
     for student in ("alice", "bob", "carol", "dave"):
-        text = (out / A / student / "results.json").read_text()
+        with open(os.path.join(out, A, student, "results.json"), encoding="utf-8") as f:
+            text = f.read()
         data = json.loads(text)
         # Gradescope's autograder results format: a total, and tests with a name, score and max_score
         assert set(data) >= {"score", "tests"} and isinstance(data["score"], (int, float))
@@ -177,10 +212,16 @@ def test_gradescope_results_follow_the_format_and_show_no_hidden_test(course, tm
             assert 0 <= t["score"] <= t["max_score"]
         assert abs(sum(t["score"] for t in data["tests"]) - data["score"]) < 1e-9
         assert not [line for line in hidden if line in text], f"hidden test text in {student}'s results.json"
-    assert json.loads((out / A / "alice" / "results.json").read_text())["score"] == 12
-    csv = (tmp_path / "grades.csv").read_text()
-    assert "alice" in csv and "02_tensor_parallel" in csv
-
+    assert json.loads(open(os.path.join(out, A, "alice", "results.json")).read())["score"] == 12
+    # the CSV: this assignment's submissions only (the gradebook's), with the student's own submission time
+    rows = {r["student_id"]: r for r in _csv(os.path.join(course, "exports", "grades.csv"))}
+    assert {r["assignment"] for r in rows.values()} == {A}, "rows of another assignment in the CSV"
+    assert set(rows) == set(gradebook(course)), "one row per submission of the assignment"
+    assert {s: (rows[s]["timestamp"], float(rows[s]["score"]), rows[s]["late"]) for s in STAMPS | {"bob": 0}} == {
+        "alice": ("2026-01-15 09:30:00", 12.0, "no"), "carol": ("2026-01-25 18:00:00", 6.0, "yes"),
+        "bob": ("", 0.0, "no")}
+    assert "wrote exports/grades.csv:" in proc.stdout
+    assert _untracked(course) == [], "files left in the course repository (not ignored by git)"
 
 def test_a_canvas_download_is_collected_with_nbgrader_zip_collect_and_graded(course):
     """Canvas names each file <login>_<user id>_<submission id>_<the student's file name> (LATE_ after the login)."""
@@ -195,10 +236,19 @@ def test_a_canvas_download_is_collected_with_nbgrader_zip_collect_and_graded(cou
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for student in ("judy", "kim"):
         assert os.path.exists(os.path.join(course, "submitted", student, A, "tensor_parallel_lab.ipynb")), student
+    with open(os.path.join(course, "downloaded", A, "canvas-late.json"), encoding="utf-8") as f:
+        assert json.load(f) == {"kim": "kim_LATE_789_1011_tensor_parallel_lab.ipynb"}, "Canvas's LATE marker"
     proc = run_grade(course, "autograde", A, "--jobs", "2", "--quiet")
     assert proc.returncode == 0, proc.stdout[-2000:]
     recs = records(course)
     assert recs["judy"]["score"] == 12 and recs["kim"]["score"] == 0
+    proc = run_grade(course, "export", A, "--csv", "exports/canvas.csv")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {r["student_id"]: r for r in _csv(os.path.join(course, "exports", "canvas.csv"))}
+    # Canvas gives no submission time: the timestamp stays empty (not the grading time), LATE is kept
+    assert {s: (rows[s]["timestamp"], rows[s]["late"], float(rows[s]["score"])) for s in ("judy", "kim")} == {
+        "judy": ("", "no", 12.0), "kim": ("", "yes", 0.0)}
+    assert _untracked(course) == [], "files left in the course repository (not ignored by git)"
 
 
 def test_a_second_grading_command_is_told_who_holds_the_lock(course):
@@ -317,3 +367,116 @@ def test_a_worker_that_dies_is_replaced_and_its_submission_graded_once_more(cour
         for student in kills:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(course, "graded", A, f"{student}.json"))
+
+
+def test_a_second_backend_run_is_a_note_per_cell_never_points(course, tmp_path):
+    """On a GPU grading node every test cell runs again with NCCL (`--nccl`): a note per cell in the table,
+    the feedback and results.json, never points. The same machinery, run here with gloo as the second backend
+    (no GPU on this machine), shows the notes reach every place and leave the scores alone."""
+    import io
+    from contextlib import redirect_stdout
+
+    from autograder.grading.classrun import grade_class
+    from autograder.grading.cli import print_records
+    from autograder.grading.exports import cell_titles, gradescope_results
+
+    recs = {r["student"]: r for r in grade_class(course, A, jobs=2, shard=(1, 1), out=str(tmp_path / "s.json"),
+                                                  students=["alice", "carol"], progress=False, force=True,
+                                                  second_backend="gloo")}
+    assert recs["alice"]["score"] == 12 and recs["carol"]["score"] == 6  # the same points as without it
+    notes = {s: {c["grade_id"]: c.get("backend_note") for c in r["cells"]} for s, r in recs.items()}
+    assert all(n.startswith("gloo: passed (") and n.endswith("not graded)") for n in notes["alice"].values())
+    assert notes["carol"]["test_copy_to_region"].startswith("gloo: FAILED (not graded): ")
+    assert notes["carol"]["test_reduce_from_region"].startswith("gloo: passed")
+    assert "gloo: FAILED (not graded)" in recs["carol"]["feedback_html"]
+    source = json.load(open(os.path.join(course, "source", A, notebook_name(course))))
+    out = gradescope_results(recs["carol"], cell_titles(source))
+    assert any("gloo: FAILED (not graded)" in t["output"] for t in out["tests"])
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        print_records(list(recs.values()), course)
+    table = " ".join(buf.getvalue().split())
+    assert "note: test_copy_to_region: gloo: FAILED (not graded)" in table
+    assert "note: gloo: every cell passed (not graded)" in table
+
+
+def test_the_nccl_cases_say_why_they_are_skipped_in_one_line(course):
+    """No CUDA device here: `auto` grades as usual after one line saying why; `on` refuses with the reason."""
+    proc = run_grade(course, "autograde", A, "--quiet")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    skipped = [line for line in proc.stdout.splitlines() if line.startswith("NCCL cases:")]
+    assert skipped == ["NCCL cases: skipped: no CUDA device on this machine; every check runs with gloo on the CPU "
+                       "(the only graded run)"], proc.stdout
+    proc = run_grade(course, "autograde", A, "--quiet", "--nccl", "on")
+    assert proc.returncode != 0 and "--nccl on, but no CUDA device on this machine" in proc.stderr
+
+
+def test_the_gpu_node_script_stops_at_once_saying_why_without_gpus():
+    """cluster/gpu-check.sh, as an instructor runs it: on a machine without CUDA devices it stops before
+    building or grading anything, with the reason (on a GPU node it grades make demo's class with --nccl on)."""
+    from course import ROOT
+
+    t0 = time.monotonic()
+    proc = subprocess.run(["bash", os.path.join(ROOT, "cluster", "gpu-check.sh")], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "MAKEFLAGS": ""})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "GPU node check: no CUDA device on this machine" in proc.stdout
+    assert time.monotonic() - t0 < 120
+
+
+def _with_saved_outputs(nb: dict, outputs: dict) -> dict:
+    """`nb` as saved after the student ran its test cells: grade id -> the outputs the cell showed."""
+    import copy
+
+    nb = copy.deepcopy(nb)
+    for cell in nb["cells"]:
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if gid in outputs:
+            cell["outputs"] = outputs[gid]
+    return nb
+
+
+def test_a_cell_whose_saved_output_disagrees_with_the_trusted_verdict_is_flagged(course):
+    """The flag needs no second run: what the student saw when they last ran the notebook (its saved outputs)
+    against the trusted verdict of the visible checks. Disagreeing cells need a manual look; the trusted
+    verdict is the grade."""
+    passed = [{"output_type": "stream", "name": "stdout", "text": "\u2713 Exercise 1 \u00b7 ... passed\n"}]
+    failed = [{"output_type": "error", "ename": "NotImplementedError", "evalue": "Exercise 1 is not done yet",
+               "traceback": []}]
+    ref = reference(course)
+    wrong = edit(ref, "tp_mappings", lambda s: s.replace(*WRONG))
+    write_submission(course, "saw-fail-now-right", _with_saved_outputs(
+        ref, {"test_copy_to_region": failed, "test_reduce_from_region": failed}))
+    write_submission(course, "saw-pass-now-wrong", _with_saved_outputs(
+        wrong, {"test_copy_to_region": passed, "test_reduce_from_region": passed}))
+    write_submission(course, "saw-what-it-gets", _with_saved_outputs(
+        wrong, {"test_copy_to_region": failed, "test_reduce_from_region": passed}))
+    students = ("saw-fail-now-right", "saw-pass-now-wrong", "saw-what-it-gets")
+    try:
+        proc = run_grade(course, "autograde", A, "--jobs", "2", "--quiet")
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        recs = records(course)
+        flags = {s: {c["grade_id"]: c["flagged"] for c in recs[s]["cells"]} for s in students}
+        assert flags["saw-fail-now-right"] == {"test_copy_to_region": True, "test_reduce_from_region": True}
+        assert flags["saw-pass-now-wrong"] == {"test_copy_to_region": True, "test_reduce_from_region": False}
+        assert flags["saw-what-it-gets"] == {"test_copy_to_region": False, "test_reduce_from_region": False}
+        assert recs["saw-pass-now-wrong"]["score"] == 6  # the trusted verdict is the grade
+        assert "disagree on test_copy_to_region" in " ".join(proc.stdout.split())
+        import warnings
+
+        from nbgrader.api import Gradebook
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with Gradebook("sqlite:///" + os.path.join(course, "gradebook.db")) as gb:
+                grade = gb.find_grade("test_copy_to_region", notebook_name(course)[:-6], A, "saw-pass-now-wrong")
+                assert grade.needs_manual_grade
+                grade = gb.find_grade("test_copy_to_region", notebook_name(course)[:-6], A, "saw-what-it-gets")
+                assert not grade.needs_manual_grade
+    finally:
+        import shutil
+
+        for s in students:
+            shutil.rmtree(os.path.join(course, "submitted", s), ignore_errors=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(course, "graded", A, f"{s}.json"))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -124,13 +125,16 @@ def test_student_package_holds_no_solutions_or_hidden_tests(student_package):
         assert not leaked, f"solution lines of {assignment} in the student package: {leaked[:3]}"
 
 
-def test_the_student_archive_holds_the_notebooks_the_lessons_and_the_wheel_only(tmp_path):
-    """dist/llm-parallelism-course.tar.gz: one folder; no solution or hidden-test text in any file of it."""
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_the_student_archive_holds_the_notebooks_the_lessons_and_the_wheel_only(tmp_path, lang):
+    """dist/llm-parallelism-course.tar.gz: one folder; no solution or hidden-test text in any file of it. The
+    Chinese package (`make student-package COURSE_LANG=zh`) holds the Chinese notebooks, the Chinese lessons
+    (and the English ones they link while not all are translated) and the Chinese student section."""
     import tarfile
 
-    from autograder.authoring.package import PACKAGE_DIR, build_student_package
+    from autograder.authoring.package import PACKAGE_DIR, build_student_package, student_commands
 
-    archive = build_student_package(ROOT, str(tmp_path))
+    archive = build_student_package(ROOT, str(tmp_path), lang)
     with tarfile.open(archive) as tar:
         members = [m for m in tar.getmembers() if m.isfile()]
         names = [m.name for m in members]
@@ -147,10 +151,22 @@ def test_the_student_archive_holds_the_notebooks_the_lessons_and_the_wheel_only(
                 texts[m.name] = data.decode("utf-8", "replace")
     top = {n.split("/")[1] for n in names}
     assert all(n.startswith(PACKAGE_DIR + "/") for n in names)
-    assert top == {"README.md", "release", "assignments", "wheels"}, top
+    assert top == {"README.md", "release", "assignments", "wheels"} | ({"zh"} if lang == "zh" else set()), top
+    # its README is the student section in its language, with the English section's commands exactly
+    readme = texts[f"{PACKAGE_DIR}/README.md"]
+    block = re.search(r"```bash\n(.*?)```", readme, re.S).group(1)
+    english = student_commands(open(os.path.join(ROOT, "README.md"), encoding="utf-8").read())
+    assert [line for line in block.splitlines() if line and not line.startswith("#")] == english
+    assert bool(re.search(r"[\u4e00-\u9fff]", readme)) == (lang == "zh"), readme[:200]
     for assignment in assignments():
         assert f"{PACKAGE_DIR}/assignments/{assignment}/README.md" in names
-        assert f"{PACKAGE_DIR}/release/{assignment}/{os.path.basename(submissions.notebook_path('release', assignment))}" in names
+        release = f"{PACKAGE_DIR}/release/{assignment}/{os.path.basename(submissions.notebook_path('release', assignment))}"
+        assert release in names
+        nb = nbformat.reads(texts[release], as_version=4)
+        assert nb.metadata.get("course", {}).get("language", "en") == lang, f"{release} is not in {lang}"
+        if lang == "zh":
+            assert f"{PACKAGE_DIR}/zh/assignments/{assignment}/README.md" in names
+            assert re.search(r"[\u4e00-\u9fff]", nb.cells[0].source), f"{release}: its first cell is not Chinese"
         solution, hidden = _secret_lines(assignment)
         allowed = _visible_text(assignment)
         for path, text in texts.items():

@@ -119,7 +119,7 @@ def test_the_scratch_space_is_private_and_limited():
 
 
 def test_grading_refuses_a_sandbox_whose_probe_finds_privileges(monkeypatch, tmp_path):
-    from autograder import classrun, sandbox
+    from autograder.grading import classrun, sandbox
 
     monkeypatch.setattr(sandbox, "_PROBE", {})
     facts = dict(sandbox.probe(ROOT), CapEff="000001ffffffffff", mount_errno=0)

@@ -10,7 +10,10 @@ every request to another host refused, and finds:
 1. the home page (the course overview) with its lessons in the navigation;
 2. a lesson whose formulas are rendered: MathML laid out by the browser (a
    fraction's numerator above its denominator), no `$` left in the text;
-3. the search answering from its offline index.
+3. the search answering from its offline index;
+4. the Chinese site (issue 24): its home page, the language switch taking a
+   reader from a lesson to the same lesson in the other language and back,
+   and the search answering a Chinese word from the Chinese index.
 
 The site is the one tests/test_site.py builds (once per session).
 """
@@ -104,3 +107,41 @@ def test_the_search_answers_offline(site, page):
     assert results.count() >= 5
     assert not page.remote_requests, f"the page asked the network for {page.remote_requests}"
 
+
+
+def test_the_language_switch_opens_the_same_page_in_the_other_language(site, page):
+    lesson = "assignments/02_tensor_parallel/01_mappings.html"
+    page.goto(_url(site, lesson))
+    english_title = page.locator("h1").first.inner_text()
+    switch = page.locator("nav.lang-switch")
+    assert switch.is_visible() and "中文" in switch.inner_text()
+    switch.locator("a.lang-other").click()
+    page.wait_for_load_state()
+    assert page.url.endswith("/zh/" + lesson), page.url
+    title = page.locator("h1").first.inner_text()
+    assert any("\u4e00" <= ch <= "\u9fff" for ch in title) and title != english_title, title
+    assert page.locator("nav.lang-switch .lang-current").inner_text() == "中文"
+    shot = os.path.join(SHOTS, "site_zh_lesson.png")
+    page.screenshot(path=shot)
+    page.locator("nav.lang-switch a.lang-other").click()
+    page.wait_for_load_state()
+    assert page.url.endswith("/" + lesson) and "/zh/" not in page.url, page.url
+    assert page.locator("h1").first.inner_text() == english_title
+    assert not page.remote_requests, f"the page asked the network for {page.remote_requests}"
+
+
+def test_the_chinese_site_searches_chinese_words_offline(site, page):
+    page.goto(_url(site, "zh/index.html"))
+    assert "课程总览" in page.locator("h1").first.inner_text()
+    nav = page.locator(".sidebar-tree").inner_text()
+    assert "01 · 数据并行" in nav and "03 · 流水线并行" in nav, nav[:500]
+    page.goto(_url(site, "zh/search.html") + "?q=流水线")
+    page.wait_for_function("document.querySelectorAll('#search-results ul.search li').length >= 5",
+                           timeout=20_000)
+    results = page.locator("#search-results ul.search li")
+    titles = " ".join(results.nth(i).inner_text() for i in range(min(results.count(), 10)))
+    assert "流水线" in titles, titles
+    shot = os.path.join(SHOTS, "site_zh_search.png")
+    page.screenshot(path=shot)
+    print(f"\nscreenshots: {os.path.relpath(shot, ROOT)}, build/screenshots/site_zh_lesson.png")
+    assert not page.remote_requests, f"the page asked the network for {page.remote_requests}"

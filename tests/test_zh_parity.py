@@ -78,9 +78,11 @@ def github_slug(title: str) -> str:
 class Lesson:
     """The structure of one markdown file: what the parity rules compare."""
 
-    def __init__(self, rel: str):
+    def __init__(self, rel: str, text: str | None = None):
+        """`rel`: the repository path (links are relative to its folder); `text`: its markdown, read from the
+        file unless given (a notebook cell's text: tests/test_zh_notebooks.py)."""
         self.rel = rel
-        self.text = open(os.path.join(ROOT, rel), encoding="utf-8").read()
+        self.text = open(os.path.join(ROOT, rel), encoding="utf-8").read() if text is None else text
         self.headings: list[tuple[int, str]] = []       # (level, plain title)
         self.code_blocks: list[tuple[str, str]] = []     # (info string, content)
         self.math: list[tuple[str, str]] = []            # (inline|display, content)

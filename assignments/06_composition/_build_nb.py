@@ -13,6 +13,7 @@ tests/test_composition_solutions.py against Megatron's own published examples.
 
 import os
 import sys
+import textwrap
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
@@ -141,7 +142,9 @@ def build() -> NotebookBuilder:
     """)
 
     # -- the model -----------------------------------------------------------------
-    nb.markdown("""
+    # the prose dedented on its own: the source below starts at column 0, so a dedent of the whole cell would
+    # remove nothing and leave the prose indented (a code block)
+    nb.markdown(textwrap.dedent("""
     ## The model: `TinyGPT` (given, in `autograder/lessons/tinygpt.py`)
 
     A Llama-shaped decoder small enough for 8 CPU ranks: embedding, two blocks
@@ -152,9 +155,7 @@ def build() -> NotebookBuilder:
     code, which the checks use as is:
 
     ```python
-    """ + source_of(tinygpt, "ModelArgs", "Attention", "FeedForward", "TransformerBlock", "TinyGPT") + """
-    ```
-    """)
+    """) + source_of(tinygpt, "ModelArgs", "Attention", "FeedForward", "TransformerBlock", "TinyGPT") + "\n```")
     nb.code("""
     # Scratch: the model, its parameters, one forward (edit freely).
     model = TinyGPT(ModelArgs()).double()

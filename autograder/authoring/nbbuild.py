@@ -6,7 +6,7 @@
     nb.solution_from("mappings", solutions.tensor_parallel.mappings, "copy_to_tensor_model_parallel_region")
     nb.test("test_mappings_forward", 2, doc="The six mappings' forward on 2 ranks.",
             visible="check_mappings(..., world_size=2)", hidden="check_mappings(..., world_size=4)")
-    nb.write("source/02_tensor_parallel/tensor_parallel_lab.ipynb")
+    nb.write("source/02_tensor_parallel/tensor_parallel_lab.ipynb")   # in $COURSE_LANG: en, or zh (translations.py)
 
 Solution text is read from the solution module's source (one source of truth,
 spec 3.1); the module itself carries nbgrader's `### BEGIN SOLUTION` /
@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import inspect
 import os
+import sys
 import textwrap
 
 import nbformat
@@ -68,6 +69,18 @@ def _imports_checking(source: str) -> bool:
         return False
     return any(isinstance(node, ast.ImportFrom) and node.module in ("autograder.runtime", "autograder.runtime.report")
                and any(alias.name == "checking" for alias in node.names) for node in ast.walk(tree))
+
+
+def _course_root(path: str) -> str:
+    """The course root above a notebook path (the folder with nbgrader_config.py), else this checkout's."""
+    folder = os.path.dirname(os.path.abspath(path))
+    while True:
+        if os.path.exists(os.path.join(folder, "nbgrader_config.py")):
+            return folder
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        folder = parent
 
 
 class NotebookBuilder:
@@ -193,7 +206,16 @@ class NotebookBuilder:
         }
         return nb
 
-    def write(self, path: str) -> None:
+    def write(self, path: str, *, lang: str | None = None) -> None:
+        """Write the notebook to `path`, in English or, with `lang` (default: $COURSE_LANG), translated.
+
+        A translation replaces markdown text only (autograder.authoring.translations): cells, ids, grading
+        ids and code are those of the English notebook. A cell without a current translation stays English,
+        and a line on stderr says which.
+        """
+        from autograder.authoring.translations import course_language, translate_notebook
+
+        lang = course_language(lang)
         nb = self.notebook()
         tests = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
         imports = any(_imports_checking(c.source)
@@ -205,6 +227,11 @@ class NotebookBuilder:
         dupes = {g for g in grade_ids if grade_ids.count(g) > 1}
         if dupes:
             raise ValueError(f"duplicate grade_id(s): {sorted(dupes)}")
+        if lang != "en":
+            missing = translate_notebook(nb, _course_root(path), self.name, lang)
+            if missing:
+                print(f"{self.name}: {len(missing)} markdown cell(s) without a current {lang} translation kept in "
+                      f"English (python -m autograder.authoring.translations status {self.name})", file=sys.stderr)
         nbformat.validate(nb)
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with open(path, "w", encoding="utf-8", newline="\n") as f:

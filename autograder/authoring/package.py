@@ -1,14 +1,22 @@
 """The student package: one folder, one archive, everything a student needs and nothing else.
 
     python -m autograder.grade student-package          # -> dist/llm-parallelism-course.tar.gz  (make student-package)
+    python -m autograder.grade student-package --lang zh                 # the Chinese package (make student-package COURSE_LANG=zh)
 
 The archive unpacks into `llm-parallelism-course/`:
 
     README.md            the README's "For students" section: the commands, exactly
     release/NN_<dim>/    the notebooks (stubs, visible tests)
     assignments/         the lessons (README.md and deep dives per dimension, the course overview)
+    zh/assignments/      in a Chinese package only: the Chinese lessons (the notebooks link them; a lesson not
+                         translated yet links its English original in assignments/)
     wheels/              the `autograder` package's student layers: runtime (runner, ledger, comparisons,
                          report), lessons (volumes, figures, the tiny GPT, the planner's types), checks
+
+A package is in the language of release/ (`make build COURSE_LANG=zh` builds a Chinese release), or in the
+language asked for: an English release is translated as the Chinese build would (its markdown cells, from
+zh/notebooks/), so `make student-package COURSE_LANG=zh` needs no rebuild. A Chinese package's README.md is
+the Chinese student section, zh/README.student.md.
 
 so that `jupyter lab` started in that folder shows the notebooks and the
 lessons side by side, and every lesson link of a notebook
@@ -29,25 +37,34 @@ import sys
 import tarfile
 import tempfile
 
-__all__ = ["PACKAGE_DIR", "STUDENT_LAYERS", "student_section", "student_commands", "build_wheel",
-           "build_student_package", "build_gradescope_package"]
+__all__ = ["PACKAGE_DIR", "STUDENT_LAYERS", "STUDENT_SECTIONS", "student_section", "student_commands",
+           "build_wheel", "package_language", "build_student_package", "build_gradescope_package"]
 
 PACKAGE_DIR = "llm-parallelism-course"
 # The subpackages of autograder a student's notebook needs (what it imports, and what that imports).
 STUDENT_LAYERS = ("runtime", "lessons", "checks")
 
 
-def student_section(readme_text: str) -> str:
-    """The `## For students` section of the course README (up to the next `## ` heading)."""
-    m = re.search(r"^## For students\n(.*?)(?=^## )", readme_text, re.S | re.M)
+# The student section of the README in each language: (file, its heading, the package README's title)
+STUDENT_SECTIONS = {
+    "en": ("README.md", "For students", "# Parallelism for Large-Scale LLM Training: student package"),
+    "zh": ("zh/README.student.md", "学生须知", "# 大规模 LLM 训练中的并行：学生包"),
+}
+
+
+def student_section(readme_text: str, lang: str = "en") -> str:
+    """The student section of the course README (`## For students`, up to the next `## ` heading), or of its
+    Chinese edition (`## 学生须知` in zh/README.student.md)."""
+    heading = STUDENT_SECTIONS[lang][1]
+    m = re.search(rf"^## {re.escape(heading)}\n(.*?)(?=^## |\Z)", readme_text, re.S | re.M)
     if not m:
-        raise ValueError("README.md has no '## For students' section")
+        raise ValueError(f"{STUDENT_SECTIONS[lang][0]} has no '## {heading}' section")
     return m.group(1).strip() + "\n"
 
 
-def student_commands(readme_text: str) -> list[str]:
+def student_commands(readme_text: str, lang: str = "en") -> list[str]:
     """The shell commands of the first ```bash block of the student section (comments dropped)."""
-    m = re.search(r"```bash\n(.*?)```", student_section(readme_text), re.S)
+    m = re.search(r"```bash\n(.*?)```", student_section(readme_text, lang), re.S)
     if not m:
         raise ValueError("the README's student section has no ```bash block")
     lines = []
@@ -82,25 +99,65 @@ def _pip_wheel(project: str, out: str) -> str:
     return wheels[0]
 
 
-def build_student_package(root: str, out_dir: str) -> str:
-    """Write `<out_dir>/llm-parallelism-course.tar.gz` (and the wheel beside it); return the archive's path."""
+def package_language(root: str, lang: str | None = None) -> str:
+    """The language of the package: `lang`, else the language release/ is in. ValueError when release/ is in
+    another language than English and `lang` asks for a different one (only English is translated on the fly)."""
+    from autograder.authoring.translations import course_language, release_language
+
+    found = release_language(root)
+    lang = course_language(lang) if lang else found
+    if lang != found and found != "en":
+        raise ValueError(f"release/ is in {found!r}: build it in {lang!r} first (make build COURSE_LANG={lang})")
+    return lang
+
+
+def _copy_release(root: str, dest: str, lang: str) -> None:
+    """release/ into `dest`, its notebooks translated when release/ is English and `lang` is not."""
+    import nbformat
+
+    from autograder.authoring.translations import release_language, translate_notebook
+
+    shutil.copytree(os.path.join(root, "release"), dest, ignore=shutil.ignore_patterns(".ipynb_checkpoints",
+                                                                                        "__pycache__"))
+    if lang == release_language(root):
+        return
+    for path in sorted(glob.glob(os.path.join(dest, "*", "*.ipynb"))):
+        assignment = os.path.basename(os.path.dirname(path))
+        nb = nbformat.read(path, as_version=4)
+        missing = translate_notebook(nb, root, assignment, lang)
+        if missing:
+            print(f"{assignment}: {len(missing)} markdown cell(s) without a current {lang} translation kept in "
+                  f"English", file=sys.stderr)
+        with open(path, "w", encoding="utf-8", newline="\n") as f:
+            nbformat.write(nb, f)
+
+
+def build_student_package(root: str, out_dir: str, lang: str | None = None) -> str:
+    """Write `<out_dir>/llm-parallelism-course.tar.gz` (and the wheel beside it); return the archive's path.
+
+    `lang`: the package's language (default: the language release/ is in)."""
+    lang = package_language(root, lang)
     os.makedirs(out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         top = os.path.join(tmp, PACKAGE_DIR)
         os.makedirs(os.path.join(top, "wheels"))
         wheel = build_wheel(root, os.path.join(top, "wheels"), student=True)
         shutil.copy2(wheel, out_dir)
-        shutil.copytree(os.path.join(root, "release"), os.path.join(top, "release"),
-                        ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
-        for md in sorted(glob.glob(os.path.join(root, "assignments", "*.md"))
-                         + glob.glob(os.path.join(root, "assignments", "*", "*.md"))):
+        _copy_release(root, os.path.join(top, "release"), lang)
+        lessons = sorted(glob.glob(os.path.join(root, "assignments", "*.md"))
+                         + glob.glob(os.path.join(root, "assignments", "*", "*.md")))
+        if lang != "en":
+            lessons += sorted(glob.glob(os.path.join(root, lang, "assignments", "*.md"))
+                              + glob.glob(os.path.join(root, lang, "assignments", "*", "*.md")))
+        for md in lessons:
             rel = os.path.relpath(md, root)
             os.makedirs(os.path.join(top, os.path.dirname(rel)), exist_ok=True)
             shutil.copy2(md, os.path.join(top, rel))
-        with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
-            section = student_section(f.read())
+        readme, _heading, title = STUDENT_SECTIONS[lang]
+        with open(os.path.join(root, readme), encoding="utf-8") as f:
+            section = student_section(f.read(), lang)
         with open(os.path.join(top, "README.md"), "w", encoding="utf-8") as f:
-            f.write("# Parallelism for Large-Scale LLM Training: student package\n\n" + section)
+            f.write(title + "\n\n" + section)
         archive = os.path.join(out_dir, PACKAGE_DIR + ".tar.gz")
         with tarfile.open(archive, "w:gz") as tar:
             tar.add(top, arcname=PACKAGE_DIR)

@@ -281,7 +281,8 @@ def grade_one(job: dict) -> dict:
               "fingerprint": job["fingerprint"], "status": "graded", "reason": None,
               "warnings": list(job.get("warnings", [])), "cells": [], "score": 0.0,
               "max_score": job["max_score"], "timings": {}, "graded_at": datetime.datetime.now().isoformat(),
-              "submitted_at": job.get("submitted_at"), "feedback": None, "feedback_html": None}
+              "submitted_at": job.get("submitted_at"), "second_backend": job.get("second_backend"),
+              "feedback": None, "feedback_html": None}
     work = os.path.join(job["workbase"], student)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
@@ -339,9 +340,13 @@ def _grade_into(record: dict, job: dict, work: str) -> None:
     inputs = os.path.join(work, "inputs")  # the grader writes it; the sandbox reads it
     os.makedirs(inputs)
     with Sandbox(root, inputs, isolate=job["isolate"], memory_bytes=job["memory_bytes"],
-                 max_pids=job["max_pids"]) as box:
+                 max_pids=job["max_pids"], gpus=job.get("second_backend") == "nccl") as box:
         verdicts, cell_errors = grade_notebook(notebook, source, inputs=inputs, sandbox=box, budget=job["budget"],
-                                               memory_note=f"out of memory (limit {memory_gib:g} GiB)")
+                                               memory_note=f"out of memory (limit {memory_gib:g} GiB)",
+                                               second_backend=job.get("second_backend"))
+        cpu = box.cpu_seconds()
+        if cpu is not None:
+            record["timings"]["sandbox_cpu"] = round(cpu, 2)
         if box.out_of_memory:
             record["warnings"].append(f"the submission ran out of memory (limit {memory_gib:g} GiB): the "
                                       f"processes that exceeded it were killed")
@@ -357,12 +362,16 @@ def _grade_into(record: dict, job: dict, work: str) -> None:
         gid = meta.get("grade_id")
         if meta.get("grade") and not meta.get("solution") and gid in verdicts:
             cell["outputs"] = _verdict_outputs(verdicts[gid])
+            if verdicts[gid].backend_note:
+                cell["outputs"].append({"output_type": "stream", "name": "stdout",
+                                        "text": verdicts[gid].backend_note + "\n"})
     for gid, v in verdicts.items():
         seen = saw.get(gid)
         flagged = seen is not None and v.visible_passed is not None and seen != v.visible_passed
         record["cells"].append({"grade_id": gid, "points": v.points, "max_points": v.max_points,
                                 "passed": v.passed, "visible_passed": v.visible_passed, "saved_passed": seen,
-                                "flagged": flagged, "message": v.message[:4000]})
+                                "flagged": flagged, "message": v.message[:4000],
+                                **({"backend_note": v.backend_note} if v.backend_note else {})})
     record["score"] = round(sum(c["points"] for c in record["cells"]), 4)
     record["max_score"] = round(sum(c["max_points"] for c in record["cells"]), 4) or record["max_score"]
     if any(c["flagged"] for c in record["cells"]):
@@ -425,14 +434,14 @@ def _feedback(course: str, assignment: str, student: str, nb_name: str, nb: dict
 # ---------------------------------------------------------------------------
 
 def _rejected(assignment: str, student: str, reason: str, intake_warnings, h: str, fp: str, max_score: float,
-              cells: list) -> dict:
+              cells: list, submitted_at: str | None = None) -> dict:
     return {"version": RESULT_VERSION, "assignment": assignment, "student": student, "hash": h, "fingerprint": fp,
             "status": "rejected", "reason": reason, "warnings": list(intake_warnings),
             "cells": [{"grade_id": g, "points": 0.0, "max_points": p, "passed": False, "visible_passed": None,
                        "saved_passed": None, "flagged": False, "message": f"not graded: {reason}"}
                       for g, p in cells],
             "score": 0.0, "max_score": max_score, "timings": {}, "graded_at": datetime.datetime.now().isoformat(),
-            "feedback": None, "feedback_html": None}
+            "submitted_at": submitted_at, "feedback": None, "feedback_html": None}
 
 
 def _graded_cells(source: dict) -> list[tuple[str, float]]:
@@ -443,11 +452,13 @@ def _graded_cells(source: dict) -> list[tuple[str, float]]:
 def grade_class(root: str, assignment: str, *, jobs: int | None = None, shard: tuple[int, int] | None = None,
                 force: bool = False, isolate: bool = True, memory_bytes: int = 4 * 2**30, max_pids: int = 512,
                 budget: float = 600.0, progress: bool = True, students: list[str] | None = None,
-                out: str | None = None, log=print) -> list[dict]:
+                out: str | None = None, log=print, second_backend: str | None = None) -> list[dict]:
     """Grade submitted/*/<assignment>; write graded/<assignment>/<student>.json (or one shard file).
 
     Returns the records of this run (including the unchanged ones it kept).
     Writes nothing to the gradebook: `write_gradebook` does (or `merge` for shards).
+    `second_backend` ("nccl" on a GPU grading node): every test cell runs again with its checks on that
+    backend, a note per cell (table, feedback, results.json), no points.
     """
     from autograder.grading.intake import check_submission
     from autograder.grading.sandbox import sandbox_status
@@ -455,9 +466,9 @@ def grade_class(root: str, assignment: str, *, jobs: int | None = None, shard: t
     if isolate:
         ok, why = sandbox_status()
         if not ok:
-            raise ClassRunError(f"no sandbox: {why}. Install bubblewrap, or grade without one with "
-                                f"--no-sandbox (student code then sees the course's files: see the README's "
-                                f"threat model)")
+            raise ClassRunError(f"no sandbox: {why.rstrip('.')}. Nothing was graded: fix that, or grade without "
+                                f"a sandbox with --no-sandbox (student code then sees the course's files: see "
+                                f"the README's threat model)")
     with open(source_notebook(root, assignment), encoding="utf-8") as f:
         source = json.load(f)
     rel_path = release_notebook(root, assignment)
@@ -496,13 +507,13 @@ def grade_class(root: str, assignment: str, *, jobs: int | None = None, shard: t
             if intake.notebook is None:
                 h = hashlib.sha256(intake.reason.encode()).hexdigest()[:16]
                 records.append(_rejected(assignment, student, intake.reason, intake.warnings, h, fp, max_score,
-                                         cells))
+                                         cells, intake.submitted_at))
                 continue
             text = json.dumps(intake.notebook, sort_keys=True)
             h = hashlib.sha256(text.encode()).hexdigest()[:16]
             old = previous.get(student)
             if not force and old and old.get("hash") == h and old.get("fingerprint") == fp \
-                    and old.get("status") == "graded":
+                    and old.get("status") == "graded" and old.get("second_backend") == second_backend:
                 old = dict(old, unchanged=True)
                 records.append(old)
                 continue
@@ -513,7 +524,8 @@ def grade_class(root: str, assignment: str, *, jobs: int | None = None, shard: t
                          "notebook_name": nb_name, "hash": h, "fingerprint": fp, "warnings": intake.warnings,
                          "max_score": max_score, "cells": cells, "workbase": workbase, "isolate": isolate,
                          "memory_bytes": memory_bytes, "max_pids": max_pids, "budget": budget,
-                         "saw": intake.saw, "submitted_at": intake.submitted_at})
+                         "saw": intake.saw, "submitted_at": intake.submitted_at,
+                         "second_backend": second_backend})
         if todo:
             template = _cached_template(root, assignment, fp)
             for job in todo:
@@ -550,7 +562,7 @@ def _worker(conn) -> None:
 
 def _died(job: dict, why: str) -> dict:
     rec = _rejected(job["assignment"], job["student"], why, job["warnings"], job["hash"], job["fingerprint"],
-                    job["max_score"], job.get("cells", []))
+                    job["max_score"], job.get("cells", []), job.get("submitted_at"))
     rec["status"] = "error"
     return rec
 
@@ -701,6 +713,8 @@ def write_gradebook(root: str, assignment: str, records: list[dict]) -> None:
     """Scores per cell into nbgrader's gradebook; flags as "needs manual grade" and a comment."""
     from nbgrader.api import Gradebook, MissingEntry
 
+    from autograder.grading.intake import parse_timestamp
+
     if not records:
         return
     notebook_id = os.path.splitext(os.path.basename(release_notebook(root, assignment)))[0]
@@ -715,7 +729,9 @@ def write_gradebook(root: str, assignment: str, records: list[dict]) -> None:
             solution_cells = [c.name for c in gb.find_notebook(notebook_id, assignment).solution_cells]
             for rec in records:
                 gb.update_or_create_student(rec["student"])
-                stamp = datetime.datetime.fromisoformat(rec["graded_at"]) if rec.get("graded_at") else None
+                # when the student submitted (nbgrader's timestamp.txt, read at intake), as nbgrader's autograde
+                # records it; never the grading time
+                stamp = parse_timestamp(rec.get("submitted_at"))
                 gb.update_or_create_submission(assignment, rec["student"], timestamp=stamp)
                 for c in rec["cells"]:
                     try:

@@ -4,9 +4,9 @@
     python -m autograder.grade autograde 02_tensor_parallel --shard 2/3  # one slice, into graded/.../shard-2-of-3.json
     python -m autograder.grade merge graded/02_tensor_parallel/shard-*.json
     python -m autograder.grade scores                                    # the gradebook
-    python -m autograder.grade export 02_tensor_parallel --gradescope out/ --csv grades.csv
+    python -m autograder.grade export 02_tensor_parallel --gradescope exports/gs --csv exports/02.csv
     python -m autograder.grade demo                                      # sample submissions, graded, the table
-    python -m autograder.grade student-package                           # dist/llm-parallelism-course.tar.gz
+    python -m autograder.grade student-package [--lang zh]               # dist/llm-parallelism-course.tar.gz
     python -m autograder.grade gradescope-package 02_tensor_parallel     # dist/gradescope-02_tensor_parallel.zip
 
 Run from the course root (where nbgrader_config.py is). `autograde` grades
@@ -109,6 +109,12 @@ def print_records(records: list[dict], root: str, *, width: int | None = None) -
         else:
             detail = ", ".join(lost)
         notes = [w for w in r.get("warnings", [])]
+        backend = [c for c in r.get("cells", []) if c.get("backend_note")]
+        if backend:  # the NCCL re-run of a GPU grading node: not graded
+            failed = [c for c in backend if "FAILED" in c["backend_note"]]
+            shown = backend[0]["backend_note"].split(":", 1)[0]
+            notes += ([f"{c['grade_id']}: {c['backend_note']}" for c in failed] if failed
+                      else [f"{shown}: every cell passed (not graded)"])
         if r.get("unchanged"):
             notes.append("unchanged since the last run: not regraded")
         lines = textwrap.wrap(detail, width - len(head)) or ["-"]
@@ -202,6 +208,7 @@ def _autograde(root: str, assignments: list[str], args) -> list[dict]:
     if args.no_sandbox:
         print("WARNING: grading WITHOUT a sandbox (--no-sandbox): student code can read and write the course's "
               "files (source/, solutions/, the gradebook) and reach the network. See the README's threat model.")
+    second_backend = _nccl_backend(getattr(args, "nccl", "auto"))
     records = []
     lock = course_lock(root) if args.shard is None else course_lock(
         root, f"autograde-shard-{args.shard[0]}-of-{args.shard[1]}")
@@ -211,7 +218,8 @@ def _autograde(root: str, assignments: list[str], args) -> list[dict]:
                 t0 = time.monotonic()
                 recs = grade_class(root, a, jobs=args.jobs, shard=args.shard, force=args.force,
                                    isolate=not args.no_sandbox, memory_bytes=int(args.memory * 2**30),
-                                   budget=args.budget, progress=not args.quiet, out=args.out)
+                                   budget=args.budget, progress=not args.quiet, out=args.out,
+                                   second_backend=second_backend)
                 fresh = [r for r in recs if not r.get("unchanged")]
                 print(f"{a}: {len(recs)} submission(s), {len(fresh)} graded in {time.monotonic() - t0:.1f} s"
                       + (f" (shard {args.shard[0]}/{args.shard[1]}: `merge` its file)" if args.shard else ""))
@@ -222,6 +230,24 @@ def _autograde(root: str, assignments: list[str], args) -> list[dict]:
     except ClassRunError as exc:
         raise SystemExit(f"autograder.grade: {exc}") from None
     return records
+
+
+def _nccl_backend(mode: str) -> str | None:
+    """"nccl" when the NCCL cases run (`--nccl on`, or `auto` on a machine with >= 2 CUDA devices), else
+    None, after one line that says why they are skipped."""
+    from autograder.runtime.gpu import nccl_status
+
+    if mode == "off":
+        return None
+    ok, why = nccl_status(2)
+    if ok:
+        print(f"NCCL cases: every test cell runs again with NCCL on this machine's GPUs ({why}); notes, no points")
+        return "nccl"
+    why = why.split(" (")[0]
+    if mode == "on":
+        raise SystemExit(f"autograder.grade: --nccl on, but {why}")
+    print(f"NCCL cases: skipped: {why}; every check runs with gloo on the CPU (the only graded run)", flush=True)
+    return None
 
 
 def _merge(root: str, files: list[str]) -> list[dict]:
@@ -252,6 +278,9 @@ def main(argv=None) -> int:
         p.add_argument("--budget", type=float, default=600.0,
                        help="seconds for one submission: its cells and every check (default 600)")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
+        p.add_argument("--nccl", choices=("auto", "on", "off"), default="auto",
+                       help="run every test cell again with NCCL on CUDA devices, as ungraded notes (auto: where "
+                            "the machine has at least 2 GPUs; default auto)")
 
     p_demo = sub.add_parser("demo", help="grade the sample submissions of every released assignment")
     p_demo.add_argument("assignments", nargs="*")
@@ -266,12 +295,15 @@ def main(argv=None) -> int:
     p_merge = sub.add_parser("merge", help="fold shard result files into the gradebook (idempotent)")
     p_merge.add_argument("files", nargs="+")
     sub.add_parser("scores", help="print the gradebook")
-    p_exp = sub.add_parser("export", help="Gradescope results.json per submission, nbgrader's CSV")
+    p_exp = sub.add_parser("export", help="Gradescope results.json per submission; a CSV of the assignments' grades")
     p_exp.add_argument("assignments", nargs="+")
     p_exp.add_argument("--gradescope", default=None, help="folder for <student>/results.json")
-    p_exp.add_argument("--csv", default=None, help="nbgrader's grade export (CSV) to this file")
+    p_exp.add_argument("--csv", default=None,
+                       help="this file: one row per submission of the assignments (nbgrader export's columns, the "
+                            "student's submission time, and `late`)")
     p_pkg = sub.add_parser("student-package", help="write the student archive (notebooks, lessons, wheel)")
     p_pkg.add_argument("--out", default="dist", help="folder for the archive (default: dist)")
+    p_pkg.add_argument("--lang", default=None, help="en or zh (default: the language release/ is in)")
     p_gs = sub.add_parser("gradescope-package", help="a Gradescope autograder zip for one assignment")
     p_gs.add_argument("assignment")
     p_gs.add_argument("--out", default="dist", help="folder for the zip (default: dist)")
@@ -281,7 +313,10 @@ def main(argv=None) -> int:
     if args.cmd == "student-package":
         from autograder.authoring.package import build_student_package
 
-        archive = build_student_package(root, os.path.join(root, args.out))
+        try:
+            archive = build_student_package(root, os.path.join(root, args.out), args.lang)
+        except ValueError as exc:
+            raise SystemExit(f"autograder.grade: {exc}") from None
         print(f"wrote {os.path.relpath(archive, root)}: unpack it, then follow its README.md")
         return 0
     if args.cmd == "gradescope-package":

@@ -1,24 +1,34 @@
-"""Exports of the graded records: Gradescope's results.json per submission, nbgrader's CSV.
+"""Exports of the graded records: Gradescope's results.json per submission, a CSV of the gradebook.
 
-    python -m autograder.grade export 02_tensor_parallel --gradescope out/ --csv grades.csv
+    python -m autograder.grade export 02_tensor_parallel --gradescope exports/gradescope --csv exports/02.csv
 
 Gradescope (its autograder specification, "results.json"): one test per
 graded cell, named by its exercise and what it checks, with its score and
 maximum. A failure in the visible checks shows the check's message (what the
 notebook showed the student); a failure in a hidden case shows only that a
-hidden case failed: no test source, no hidden case's data. The CSV is
-nbgrader's own `nbgrader export`.
+hidden case failed: no test source, no hidden case's data.
+
+The CSV has `nbgrader export`'s columns, one row per submission of the
+named assignments only (nbgrader's own export writes every assignment, and a
+0 for each student without a submission), and a `late` column: "yes" where
+Canvas marked the submission LATE (recorded by `nbgrader zip_collect`:
+autograder.grading.canvas) or its timestamp (the student's, from nbgrader's
+timestamp.txt) is past the assignment's due date. Files go where the paths
+say, folders made as needed; run nothing else in the course root (no
+nbgrader log, no scratch file).
 """
 
 from __future__ import annotations
 
 import ast
+import csv as csv_module
 import json
 import os
-import subprocess
-import sys
 
-__all__ = ["gradescope_results", "cell_titles", "export"]
+__all__ = ["gradescope_results", "cell_titles", "export", "csv_rows", "CSV_COLUMNS"]
+
+CSV_COLUMNS = ("assignment", "duedate", "timestamp", "student_id", "last_name", "first_name", "email", "raw_score",
+               "late_submission_penalty", "score", "max_score", "late")
 
 HIDDEN_FAILURE = ("Passed the visible checks; failed a hidden case (other world sizes, shapes, dtypes or edge "
                   "cases). Re-read the exercise's contract.")
@@ -57,6 +67,8 @@ def gradescope_results(record: dict, titles: dict[str, str]) -> dict:
             output = HIDDEN_FAILURE
         else:
             output = c["message"]
+        if c.get("backend_note"):  # the cell run again with NCCL on a GPU grading node: not graded
+            output += "\n" + c["backend_note"]
         tests.append({"name": titles.get(c["grade_id"], c["grade_id"]), "number": str(i),
                       "score": c["points"], "max_score": c["max_points"], "output": output,
                       "status": "passed" if c["passed"] else "failed", "visibility": "visible"})
@@ -81,10 +93,46 @@ def export(root: str, assignments: list[str], *, gradescope: str | None = None, 
                     json.dump(gradescope_results(rec, titles), f, indent=1)
             yield f"{a}: {len(records)} results.json written under {os.path.join(gradescope, a)}/<student>/"
     if csv:
-        exe = os.path.join(os.path.dirname(sys.executable), "nbgrader")
-        env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
-        proc = subprocess.run([exe if os.path.exists(exe) else "nbgrader", "export", f"--to={os.path.abspath(csv)}",
-                               "--log-level=ERROR"], cwd=root, env=env, capture_output=True, text=True, timeout=600)
-        if proc.returncode != 0:
-            raise SystemExit(f"nbgrader export failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-        yield f"wrote {csv} (nbgrader export: one row per student and assignment)"
+        rows = csv_rows(root, assignments)
+        os.makedirs(os.path.dirname(os.path.abspath(csv)) or ".", exist_ok=True)
+        with open(csv, "w", newline="", encoding="utf-8") as f:
+            writer = csv_module.DictWriter(f, fieldnames=CSV_COLUMNS)
+            writer.writeheader()
+            writer.writerows(rows)
+        late = sum(r["late"] == "yes" for r in rows)
+        yield f"wrote {csv}: {len(rows)} submission(s) of {', '.join(assignments)} ({late} late)"
+
+
+def csv_rows(root: str, assignments: list[str]) -> list[dict]:
+    """One row per submission of `assignments` in nbgrader's gradebook: nbgrader export's columns, and `late`."""
+    import warnings
+
+    from nbgrader.api import Gradebook, MissingEntry
+
+    from autograder.grading.canvas import late_students
+
+    rows = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Gradebook("sqlite:///" + os.path.join(root, "gradebook.db")) as gb:
+            for name in assignments:
+                try:
+                    assignment = gb.find_assignment(name)
+                except MissingEntry:
+                    raise SystemExit(f"autograder.grade export: {name} is not in the gradebook (run `make build`, "
+                                     f"then grade it)") from None
+                canvas_late = late_students(root, name)
+                for sub in sorted(gb.assignment_submissions(name), key=lambda s: s.student.id):
+                    student, penalty = sub.student, sub.late_submission_penalty or 0.0
+                    late = sub.student.id in canvas_late or sub.total_seconds_late > 0
+                    rows.append({"assignment": name, "duedate": _text(assignment.duedate),
+                                 "timestamp": _text(sub.timestamp), "student_id": student.id,
+                                 "last_name": _text(student.last_name), "first_name": _text(student.first_name),
+                                 "email": _text(student.email), "raw_score": sub.score,
+                                 "late_submission_penalty": penalty, "score": max(0.0, sub.score - penalty),
+                                 "max_score": assignment.max_score, "late": "yes" if late else "no"})
+    return rows
+
+
+def _text(value) -> str:
+    return "" if value is None else str(value)

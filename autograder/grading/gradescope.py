@@ -2,7 +2,7 @@
 
     make gradescope ASSIGNMENT=02_tensor_parallel    # dist/gradescope-02_tensor_parallel.zip: upload it to Gradescope
     # in Gradescope's container, run_autograder runs:
-    python3 -m autograder.gradescope 02_tensor_parallel --course /autograder/source \\
+    python3 -m autograder.grading.gradescope 02_tensor_parallel --course /autograder/source \\
         --submission /autograder/submission --results /autograder/results/results.json
 
 The upload holds the course root without `solutions/` and `tests/`: the
@@ -75,7 +75,7 @@ def grade_upload(course: str, assignment: str, submission_dir: str, results_path
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m autograder.gradescope", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m autograder.grading.gradescope", description=__doc__.split("\n\n")[0])
     ap.add_argument("assignment")
     ap.add_argument("--course", default="/autograder/source")
     ap.add_argument("--submission", default="/autograder/submission")

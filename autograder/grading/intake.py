@@ -44,7 +44,7 @@ import stat
 import warnings as _warnings
 from dataclasses import dataclass, field
 
-__all__ = ["Intake", "check_submission", "notebook_files"]
+__all__ = ["Intake", "check_submission", "notebook_files", "parse_timestamp"]
 
 _MARKER = re.compile(r"^.*### (BEGIN|END) (SOLUTION|HIDDEN TESTS).*$\n?", re.M)
 _IGNORED_DIRS = {".ipynb_checkpoints", "__pycache__", "__MACOSX"}
@@ -347,3 +347,15 @@ def _normalise(nb: dict, release: dict, warnings: list, saw: dict) -> dict:
     out = copy.deepcopy(release)
     out["cells"] = cells
     return out
+
+
+def parse_timestamp(text: str | None):
+    """When the student submitted (naive UTC, as nbgrader's gradebook keeps it), from the text of the
+    `timestamp.txt` that nbgrader's `collect` and `zip_collect` write beside the notebook (read at intake:
+    `Intake.submitted_at`); None without one, or if it is not a time."""
+    from nbgrader.utils import parse_utc
+
+    try:
+        return parse_utc(text) if text else None
+    except (ValueError, OverflowError, TypeError):
+        return None

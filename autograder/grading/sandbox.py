@@ -31,8 +31,11 @@ processes together (cgroup v1 `memory` and `pids` controllers, or v2), at
 most 1 GiB per file, and a per-process address-space limit where cgroups are
 not writable.
 
-Without bubblewrap the grading command refuses to run unless told
-`--no-sandbox` (and then says so on every run): see the README's threat model.
+Without bubblewrap, or where it cannot build the sandbox, the grading command
+refuses to run unless told `--no-sandbox` (and then says so on every run): see
+the README's threat model. Its reason is bubblewrap's message and the setting
+that is likely missing in a container (`failure_hints`: README, "For
+instructors", the Kubernetes paragraph).
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ import sys
 import tempfile
 import time
 
-__all__ = ["Sandbox", "SandboxUnavailable", "sandbox_status", "SANDBOX_UID"]
+__all__ = ["Sandbox", "SandboxUnavailable", "sandbox_status", "failure_hints", "SANDBOX_UID"]
 
 _CG1 = "/sys/fs/cgroup"
 _counter = itertools.count()
@@ -124,8 +127,71 @@ def probe(course_root: str | None = None) -> dict:
     try:
         return json.loads(out.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        raise SandboxUnavailable(f"bubblewrap cannot create its sandbox here (exit {code}): "
-                                 f"{out.strip()[-400:]}") from None
+        said = out.strip()[-400:].rstrip(".")
+        hints = failure_hints(said)
+        raise SandboxUnavailable(f"bubblewrap cannot create its sandbox here (exit {code}): {said}"
+                                 + (f". Likely cause: {'; '.join(hints)}" if hints else "")) from None
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def failure_hints(said: str, *, status: str | None = None, mountinfo: str | None = None,
+                  apparmor: str | None = None, euid: int | None = None, max_userns: str | None = None) -> list[str]:
+    """What in the grader's own settings likely made bubblewrap fail with the message `said`, and the setting
+    that allows it (README, "For instructors", the Kubernetes paragraph). The keyword arguments default to this
+    process's /proc/self/status, /proc/self/mountinfo, AppArmor profile, euid and user.max_user_namespaces.
+
+    The messages, measured in Docker 20.10 (cluster/Containerfile): root without CAP_SYS_ADMIN "Creating new
+    namespace failed"; root without CAP_NET_ADMIN "loopback: Failed RTM_NEWADDR"; root under Docker's default
+    seccomp profile "pivot_root: Operation not permitted"; unprivileged under that profile "No permissions to
+    create new namespace"; unprivileged with a masked /proc "Can't mount proc on /newroot/proc"."""
+    status = _read("/proc/self/status") if status is None else status
+    fields = {k: v.strip() for k, _, v in (line.partition(":") for line in status.splitlines())}
+    caps = int(fields.get("CapEff") or "0", 16)
+    seccomp = fields.get("Seccomp") == "2"  # a seccomp filter: a container runtime's profile
+    euid = os.geteuid() if euid is None else euid
+    hints = []
+    if euid == 0:
+        needs = [f"{name} ({why})" for bit, name, why in ((21, "CAP_SYS_ADMIN", "to create the namespaces"),
+                                                          (12, "CAP_NET_ADMIN", "for the loopback of its network "
+                                                                                "namespace"))
+                 if not caps >> bit & 1]
+        if seccomp and (needs or "pivot_root" in said):
+            needs.append("a seccomp profile that allows pivot_root (Docker's and containerd's default profiles "
+                         "refuse it, even with CAP_SYS_ADMIN)")
+        if needs:
+            hints.append(f"bubblewrap run by root needs what this grader lacks: {', '.join(needs)}; or run the "
+                         f"grader as an unprivileged user, which needs no capability "
+                         f"(cluster/k8s-autograde-job.yaml)")
+    else:
+        mountinfo = _read("/proc/self/mountinfo") if mountinfo is None else mountinfo
+        covered = sorted({f[4] for f in (line.split() for line in mountinfo.splitlines()) if len(f) > 4
+                          and f[4].startswith("/proc/") and f[4] != "/proc/sys/fs/binfmt_misc"})
+        if "mount proc" in said or (covered and "namespace" in said):  # (the next step's failure, said at once)
+            shown = ", ".join(covered[:3]) + (", ..." if len(covered) > 3 else "")
+            hints.append("the container's /proc is partly masked" + (f" ({shown} mounted over)" if covered else "")
+                         + ", and the kernel lets a user namespace mount a new /proc only where all of /proc is "
+                           "visible: Docker --security-opt systempaths=unconfined, Kubernetes procMount: Unmasked")
+        max_userns = _read("/proc/sys/user/max_user_namespaces").strip() if max_userns is None else max_userns
+        if "namespace" in said and max_userns == "0":
+            hints.append("the kernel allows no user namespaces (sysctl user.max_user_namespaces = 0)")
+        elif seccomp and any(word in said for word in ("namespace", "hostname", "pivot_root", "mount")):
+            hints.append("the grader runs under a seccomp filter (Seccomp: 2 in /proc/self/status), and Docker's "
+                         "and containerd's default profiles refuse user namespaces to a process without "
+                         "CAP_SYS_ADMIN: Docker --security-opt seccomp=unconfined, Kubernetes seccompProfile: "
+                         "Unconfined")
+    apparmor = _read("/proc/self/attr/apparmor/current").strip() if apparmor is None else apparmor
+    if apparmor and not apparmor.startswith("unconfined"):  # (not measured: no AppArmor where this was written)
+        hints.append(f"the grader is confined by the AppArmor profile {apparmor} (Docker's and containerd's "
+                     f"default profiles deny mount): Docker --security-opt apparmor=unconfined, Kubernetes "
+                     f"appArmorProfile: Unconfined")
+    return hints
 
 
 def probe_problems(facts: dict) -> list[str]:
@@ -161,6 +227,7 @@ class _Cgroups:
         candidates = [(_CG1, {"memory.max": memory_bytes, "pids.max": max_pids})] if v2 else [
             (os.path.join(_CG1, "memory"), {"memory.limit_in_bytes": memory_bytes}),
             (os.path.join(_CG1, "pids"), {"pids.max": max_pids}),
+            (os.path.join(_CG1, "cpuacct"), {}),  # no limit: what the submission's processes cost, measured
         ]
         for base, files in candidates:
             path = os.path.join(base, "autograder", name)
@@ -193,6 +260,22 @@ class _Cgroups:
             except OSError:
                 pass
         return out
+
+    def cpu_seconds(self) -> float | None:
+        """CPU time (user + system) all the submission's processes used, where a cgroup accounts it."""
+        for d in self.dirs:
+            for fname, scale in (("cpuacct.usage", 1e-9), ("cpu.stat", 1e-6)):
+                try:
+                    with open(os.path.join(d, fname)) as f:
+                        text = f.read()
+                except OSError:
+                    continue
+                if fname == "cpuacct.usage":
+                    return int(text) * scale
+                usage = [line.split()[1] for line in text.splitlines() if line.startswith("usage_usec ")]
+                if usage:
+                    return int(usage[0]) * scale
+        return None
 
     def oom_kills(self) -> int:
         """How many of the submission's processes the kernel killed for exceeding the memory limit."""
@@ -278,7 +361,7 @@ class Sandbox:
 
     def __init__(self, course_root: str, inputs: str, *, isolate: bool = True,
                  memory_bytes: int | None = 4 * 2**30, max_pids: int | None = 512,
-                 scratch_bytes: int = SCRATCH_BYTES, extra_ro: tuple = (), check: bool = True):
+                 scratch_bytes: int = SCRATCH_BYTES, extra_ro: tuple = (), check: bool = True, gpus: bool = False):
         self.root = os.path.realpath(course_root)
         self.inputs = os.path.realpath(inputs)
         os.chmod(self.inputs, 0o755)  # the grader's folder: the submission (another user) reads it, never writes
@@ -300,6 +383,7 @@ class Sandbox:
         self.cgroups = _Cgroups(f"{os.getpid()}-{next(_counter)}-{os.path.basename(self.inputs)}",
                                 memory_bytes, max_pids)
         self.extra_ro = tuple(os.path.realpath(p) for p in extra_ro)
+        self.gpus = gpus  # the NVIDIA devices too (the NCCL cases of a GPU grading node)
         self.procs: list[subprocess.Popen] = []
 
     # -- what the sandbox sees ------------------------------------------------------------------------------
@@ -318,6 +402,24 @@ class Sandbox:
                 out.append(p)
         return out
 
+    def _links(self, binds: list[str]) -> list[tuple[str, str]]:
+        """Symbolic links on the way to the interpreter or the package (`.venv -> /opt/venv`: a node-local
+        environment beside a course on a shared volume), made again inside: the paths are bound where they
+        really are, and the processes are started by the paths they were found by."""
+        import autograder
+
+        out = []
+        for path in (os.path.abspath(sys.prefix), os.path.dirname(os.path.abspath(autograder.__file__))):
+            parts = path.strip(os.sep).split(os.sep)
+            for i in range(1, len(parts) + 1):
+                p = os.sep + os.path.join(*parts[:i])
+                if os.path.islink(p):
+                    inside = any(p == b or p.startswith(b + os.sep) for b in binds)  # (seen there as it is)
+                    if not inside and (p, os.path.realpath(p)) not in out:
+                        out.append((p, os.path.realpath(p)))
+                    break
+        return out
+
     def _etc_files(self) -> dict[str, str]:
         """Small files the runtime looks for, written by the grader (never the host's own)."""
         return {
@@ -332,7 +434,14 @@ class Sandbox:
         """bubblewrap's arguments that build the sandbox's file system from an empty root."""
         args = ["--dev", "/dev", "--proc", "/proc",
                 "--perms", "1777", "--size", str(self.scratch_bytes), "--tmpfs", "/tmp",
-                "--perms", "1777", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm"]
+                # NCCL's shared-memory transport needs room in /dev/shm
+                "--perms", "1777", "--size", str(SHM_BYTES * (8 if self.gpus else 1)), "--tmpfs", "/dev/shm"]
+        if self.gpus:
+            import glob
+
+            for dev in sorted(glob.glob("/dev/nvidia*")):
+                if not os.path.isdir(dev):
+                    args += ["--dev-bind", dev, dev]
         for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
             if os.path.islink(top):
                 args += ["--symlink", os.readlink(top), top]
@@ -347,8 +456,9 @@ class Sandbox:
             with open(src, "w", encoding="utf-8") as f:
                 f.write(text)
             files.append((src, dest))
+        links = self._links(binds)
         dirs = set()
-        for dest in binds + [d for _, d in files]:
+        for dest in binds + [d for _, d in files] + [link for link, _ in links]:
             parent = os.path.dirname(dest)
             while parent not in ("/", ""):
                 dirs.add(parent)
@@ -360,6 +470,8 @@ class Sandbox:
             args += ["--ro-bind", p, p]
         for src, dest in files:
             args += ["--ro-bind", src, dest]
+        for link, target in links:
+            args += ["--symlink", target, link]
         return args
 
     def argv(self, cmd: list[str], cwd: str | None = None) -> list[str]:
@@ -453,6 +565,9 @@ class Sandbox:
 
     def oom_kills(self) -> int:
         return self.cgroups.oom_kills()
+
+    def cpu_seconds(self) -> float | None:
+        return self.cgroups.cpu_seconds()
 
     def close(self) -> None:
         for p in self.procs:

@@ -580,7 +580,8 @@ class CellVerdict:
     points: float
     max_points: float
     message: str = ""
-    visible_passed: bool | None = None  # the visible part alone (what the student's kernel ran)
+    visible_passed: bool | None = None  # the visible part alone (what the student's own run showed)
+    backend_note: str | None = None  # the cell run again on a second backend (NCCL): not graded
 
 
 def _meta(cell) -> dict:
@@ -639,6 +640,60 @@ def _exec_test(code: str, namespace: dict, label: str) -> tuple[bool, str]:
         return False, "".join(traceback.format_exception_only(type(exc), exc)).strip()
 
 
+class _BackendSkip(Exception):
+    """This machine cannot run a check on the second backend (too few GPUs for its world size)."""
+
+
+def _on_backend(namespace: dict, backend: str) -> tuple[dict, list]:
+    """`namespace` with every check that takes a `backend` run on `backend` instead (NCCL: ranks spawned,
+    tensors on `cuda:<rank>`), and the list each such call is counted in."""
+    import functools
+    import inspect
+
+    calls: list = []
+    out = dict(namespace)
+    for name, obj in namespace.items():
+        if not callable(obj) or not (getattr(obj, "__module__", None) or "").startswith("autograder.checks"):
+            continue
+        try:
+            takes = "backend" in inspect.signature(obj).parameters
+        except (TypeError, ValueError):
+            continue
+        if takes:
+            def on_backend(*args, __check=obj, __sig=inspect.signature(obj), **kwargs):
+                if backend == "nccl":
+                    from autograder.runtime.gpu import nccl_status
+
+                    size = kwargs.get("world_size", __sig.parameters.get("world_size", None))
+                    size = getattr(size, "default", size)
+                    ok, why = nccl_status(int(size) if isinstance(size, int) else 2)
+                    if not ok:
+                        calls.append(None)  # (a skip, not a check that ran)
+                        raise _BackendSkip(why.split(" (")[0])
+                calls.append(__check.__name__)
+                kwargs["backend"] = backend
+                return __check(*args, **kwargs)
+
+            out[name] = functools.wraps(obj)(on_backend)
+    return out, calls
+
+
+def _backend_note(code: str, namespace: dict, backend: str, label: str) -> str:
+    """The cell's checks run again on `backend` (both parts, visible and hidden): a note, never points."""
+    shown = {"nccl": "NCCL"}.get(backend, backend)
+    ns, calls = _on_backend(namespace, backend)
+    t0 = time.monotonic()
+    ok, msg = _exec_test(code, ns, label)
+    if calls and calls[-1] is None:
+        return f"{shown}: skipped after {len(calls) - 1} check(s): {msg.split(': ', 1)[-1]}"
+    if not calls:
+        return f"{shown}: no distributed check in this cell"
+    if ok:
+        return f"{shown}: passed ({len(calls)} check(s), {time.monotonic() - t0:.1f} s; not graded)"
+    first = msg.strip().splitlines()[-1] if msg.strip() else "failed"
+    return f"{shown}: FAILED (not graded): {first[:400]}"
+
+
 def _not_graded(tests: list, why: str) -> dict[str, CellVerdict]:
     """Every test cell failed, for one reason, before any check could run."""
     return {_meta(c)["grade_id"]: CellVerdict(_meta(c)["grade_id"], False, 0.0, float(_meta(c).get("points", 0)),
@@ -646,7 +701,8 @@ def _not_graded(tests: list, why: str) -> dict[str, CellVerdict]:
 
 
 def grade_notebook(submitted: dict, source: dict, *, inputs: str | None = None, sandbox=None,
-                   budget: float = 600.0, memory_note: str = "out of memory") -> tuple[dict[str, CellVerdict], list]:
+                   budget: float = 600.0, memory_note: str = "out of memory",
+                   second_backend: str | None = None) -> tuple[dict[str, CellVerdict], list]:
     """Trusted verdicts of every graded cell of `submitted` (dicts of the notebooks' JSON).
 
     Test cells come from `source` (hidden tests included) and run here; the
@@ -656,6 +712,8 @@ def grade_notebook(submitted: dict, source: dict, *, inputs: str | None = None, 
     student's cell errors). `budget` bounds the whole notebook (seconds).
     A check during which the sandbox killed a process for its memory says so
     first (`memory_note`), whatever the process's death looked like from here.
+    With `second_backend` ("nccl" on a GPU grading node), each test cell runs
+    again with its checks on that backend: a note per cell, no points.
     """
     from autograder.runtime import dist
     from autograder.runtime.report import show_internals  # noqa: F401 - the checks' messages, as in the notebook
@@ -722,7 +780,11 @@ def grade_notebook(submitted: dict, source: dict, *, inputs: str | None = None, 
                     msg = msg_h if not ok else msg_v
                 if not ok and oom_kills() > killed:
                     msg = f"{memory_note}: the submission's processes were killed during this check. {msg}"
-                verdicts[gid] = CellVerdict(gid, ok, points if ok else 0.0, points, msg, ok_v)
+                note = None
+                if second_backend and time.monotonic() < deadline:
+                    # the whole cell, visible and hidden (its marker lines are comments)
+                    note = _backend_note(_src(c), namespace, second_backend, f"<test {gid}>")
+                verdicts[gid] = CellVerdict(gid, ok, points if ok else 0.0, points, msg, ok_v, note)
         finally:
             dist.set_executor(None)
             client.__exit__(None, None, None)

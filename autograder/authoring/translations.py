@@ -1,0 +1,328 @@
+"""The notebooks' text in another language (issue 24): a Chinese release with the same cells, gettext-like.
+
+    make build COURSE_LANG=zh                                   # source/ and release/ rebuilt in Chinese
+    python -m autograder.authoring.translations status          # which markdown cells lack a current translation
+    python -m autograder.authoring.translations sync 03_pipeline_parallel   # after an English change: see below
+    python -m autograder.authoring.translations language        # the language release/ is in now (en or zh)
+
+The builders (assignments/*/_build_nb.py) write English only and never know about languages.
+`NotebookBuilder.write` (nbbuild.py) hands a finished notebook to `translate_notebook` when the
+language is not English: each markdown cell's text is looked up, as a whole, in the assignment's
+catalog `zh/notebooks/<assignment>.md` and replaced by its translation. Code cells (set-up, answers,
+tests, their comments) and every cell's metadata, id and grading id are untouched, so a Chinese release
+is graded exactly as the English one (tests/test_zh_notebooks.py grades both and compares).
+
+A catalog is a Markdown file that reads as the notebook's Chinese text. Each entry is the English
+text of one cell, kept in an HTML comment headed by a short hash of that text, then its translation:
+
+    <!-- en 3f2a9c1b07
+    ## Exercise 1: `all_reduce_gradients(model, *, group)` (6 points)
+    ...
+    -->
+
+    ## 练习 1：`all_reduce_gradients(model, *, group)`（6 分）
+    ...
+
+A cell is translated when its current English text equals an entry's English exactly (the hash names
+the entry; it must match). When the English of a cell changes, the old entry no longer matches:
+the build keeps that cell in English (and says so), and tests/test_zh_notebooks.py fails, naming the
+cell and showing what changed in the English. `sync` then rewrites the catalog in the notebook's cell
+order: the new English beside the old translation, marked `<!-- TODO(zh) ... -->` until someone updates
+it (a marked entry still counts as missing); entries no cell uses any more are dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass
+
+__all__ = ["LANGUAGES", "course_language", "catalog_path", "load_catalog", "write_catalog", "entry_key",
+           "translate_notebook", "notebook_language", "release_language", "english_cells", "status", "sync"]
+
+LANGUAGES = ("en", "zh")
+ENV = "COURSE_LANG"
+TODO = "<!-- TODO(zh)"
+_ENTRY = re.compile(r"^<!-- en ([0-9a-f]{10})$")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(_HERE))
+
+_HEADER = """<!--
+The Chinese text of the notebook of {assignment} (its markdown cells; code cells stay as they are).
+Read by autograder/authoring/translations.py for `make build COURSE_LANG=zh` and the Chinese site.
+Each entry: the English text of one cell in a comment headed by its hash, then the Chinese. Do not edit the
+English or the hash by hand: after an English change run
+    .venv/bin/python -m autograder.authoring.translations sync {assignment}
+and update the entries marked TODO(zh). Terms and style: zh/GLOSSARY.md.
+-->
+"""
+
+
+def course_language(value: str | None = None) -> str:
+    """The language asked for (argument, else $COURSE_LANG, else English); ValueError for one we do not have."""
+    lang = (value if value is not None else os.environ.get(ENV, "")).strip() or "en"
+    if lang not in LANGUAGES:
+        raise ValueError(f"{ENV}={lang!r}: the course's languages are {', '.join(LANGUAGES)}")
+    return lang
+
+
+def entry_key(english: str) -> str:
+    """The short hash that names an entry: the first 10 hex digits of the SHA-256 of the English text."""
+    return hashlib.sha256(english.encode("utf-8")).hexdigest()[:10]
+
+
+def catalog_path(root: str, lang: str, assignment: str) -> str:
+    return os.path.join(root, lang, "notebooks", f"{assignment}.md")
+
+
+@dataclass
+class Entry:
+    english: str
+    text: str           # the translation ("" when none was written)
+    line: int = 0       # where the entry starts in its file (1-based)
+
+    @property
+    def key(self) -> str:
+        return entry_key(self.english)
+
+    @property
+    def todo(self) -> bool:
+        return TODO in self.text or not self.text.strip()
+
+
+class CatalogError(ValueError):
+    pass
+
+
+def load_catalog(path: str) -> list[Entry]:
+    """The entries of a catalog file, in order ([] when the file does not exist)."""
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    entries: list[Entry] = []
+    i = 0
+    while i < len(lines):
+        m = _ENTRY.match(lines[i])
+        if not m:
+            if entries:
+                entries[-1].text += lines[i] + "\n"
+            i += 1
+            continue
+        start, key = i + 1, m.group(1)
+        j = i + 1
+        while j < len(lines) and lines[j] != "-->":
+            j += 1
+        if j == len(lines):
+            raise CatalogError(f"{path}:{start}: the English of entry {key} is not closed by a line `-->`")
+        english = "\n".join(lines[i + 1:j])
+        if entry_key(english) != key:
+            raise CatalogError(f"{path}:{start}: entry {key} does not match its English text (hash "
+                               f"{entry_key(english)}): the English was edited by hand; run `python -m "
+                               f"autograder.authoring.translations sync` instead")
+        entries.append(Entry(english, "", start))
+        i = j + 1
+    for e in entries:
+        e.text = e.text.strip("\n")
+    return entries
+
+
+def write_catalog(path: str, assignment: str, entries: list[Entry]) -> None:
+    parts = [_HEADER.format(assignment=assignment)]
+    for e in entries:
+        if "\n-->\n" in f"\n{e.english}\n":
+            raise CatalogError(f"{assignment}: a markdown cell has a line `-->`, which ends a catalog entry")
+        parts.append(f"<!-- en {e.key}\n{e.english}\n-->\n\n{e.text.strip()}\n")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        f.write("\n".join(parts))
+
+
+def _text(cell) -> str:
+    src = cell["source"]
+    return "".join(src) if isinstance(src, list) else src
+
+
+def translate_notebook(nb, root: str, assignment: str, lang: str) -> list[str]:
+    """Replace, in place, each markdown cell's text by its translation and mark the notebook's language.
+
+    Returns the English texts that have no current translation (those cells stay English). English is a
+    no-op. Only markdown cells change: code cells, metadata, ids and grading ids stay as they are.
+    """
+    lang = course_language(lang)
+    if lang == "en":
+        return []
+    table = {e.english: e.text for e in load_catalog(catalog_path(root, lang, assignment)) if not e.todo}
+    missing = []
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "markdown":
+            continue
+        english = _text(cell)
+        if english in table:
+            cell["source"] = table[english]
+        else:
+            missing.append(english)
+    nb["metadata"].setdefault("course", {})["language"] = lang
+    return missing
+
+
+def notebook_language(nb) -> str:
+    return nb.get("metadata", {}).get("course", {}).get("language", "en")
+
+
+def release_language(root: str, folder: str = "release") -> str:
+    """The language the notebooks under `folder` are in; ValueError when they mix languages."""
+    found = {}
+    base = os.path.join(root, folder)
+    for a in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        for name in sorted(os.listdir(os.path.join(base, a))) if os.path.isdir(os.path.join(base, a)) else []:
+            if name.endswith(".ipynb"):
+                with open(os.path.join(base, a, name), encoding="utf-8") as f:
+                    found[f"{folder}/{a}/{name}"] = notebook_language(json.load(f))
+    langs = sorted(set(found.values()))
+    if len(langs) > 1:
+        raise ValueError(f"{folder}/ mixes languages ({', '.join(f'{p}: {l}' for p, l in found.items())}): "
+                         f"rebuild it in one (make build COURSE_LANG=...)")
+    return langs[0] if langs else "en"
+
+
+# ---------------------------------------------------------------------------
+# Keeping catalogs in step with the builders
+# ---------------------------------------------------------------------------
+
+def assignments(root: str) -> list[str]:
+    base = os.path.join(root, "assignments")
+    return sorted(a for a in os.listdir(base) if os.path.exists(os.path.join(base, a, "_build_nb.py")))
+
+
+def english_cells(root: str, assignment: str) -> list[str]:
+    """The markdown texts of an assignment's notebook as its builder makes them (English), in order."""
+    path = os.path.join(root, "assignments", assignment, "_build_nb.py")
+    spec = importlib.util.spec_from_file_location(f"_course_build_nb_{assignment}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return [c.source for c in module.build().cells if c.cell_type == "markdown"]
+
+
+def _first_line(text: str) -> str:
+    line = next((l for l in text.splitlines() if l.strip()), "")
+    return line if len(line) <= 90 else line[:87] + "..."
+
+
+def _closest(english: str, candidates: list[Entry]) -> Entry | None:
+    best, score = None, 0.0
+    for e in candidates:
+        s = difflib.SequenceMatcher(None, english, e.english, autojunk=False).ratio()
+        if s > score:
+            best, score = e, s
+    return best if score >= 0.5 else None
+
+
+def status(root: str, assignment: str, lang: str = "zh", cells: list[str] | None = None) -> list[str]:
+    """Problems of one catalog, each a readable paragraph: cells without a current translation (with the
+    English diff when an older translation exists), entries marked TODO, entries no cell uses."""
+    cells = english_cells(root, assignment) if cells is None else cells
+    path = catalog_path(root, lang, assignment)
+    rel = os.path.relpath(path, root)
+    try:
+        entries = load_catalog(path)
+    except CatalogError as exc:
+        return [str(exc)]
+    by_english = {e.english: e for e in entries}
+    unused = [e for e in entries if e.english not in set(cells)]
+    problems = []
+    for i, english in enumerate(cells):
+        e = by_english.get(english)
+        where = f"markdown cell {i + 1} ({_first_line(english)!r})"
+        if e is not None and not e.todo:
+            continue
+        if e is not None:
+            problems.append(f"{rel}:{e.line}: {where}: entry {e.key} is marked TODO: update its translation "
+                            f"and remove the marker")
+            continue
+        old = _closest(english, unused)
+        if old is None:
+            problems.append(f"{rel}: {where} has no translation (new English text, hash {entry_key(english)})")
+            continue
+        diff = "\n".join(difflib.unified_diff(old.english.splitlines(), english.splitlines(),
+                                              "English when translated", "English now", lineterm="", n=1))
+        problems.append(f"{rel}:{old.line}: {where}: the English changed since entry {old.key} was "
+                        f"translated:\n{diff}")
+    used_by_problem = {p.split("entry ")[1].split(" ")[0] for p in problems if "since entry " in p}
+    for e in unused:
+        if e.key not in used_by_problem:
+            problems.append(f"{rel}:{e.line}: entry {e.key} ({_first_line(e.english)!r}) is the text of no "
+                            f"markdown cell any more")
+    return problems
+
+
+def sync(root: str, assignment: str, lang: str = "zh") -> tuple[int, int]:
+    """Rewrite a catalog in the notebook's cell order. Returns (entries kept, entries marked TODO)."""
+    cells = english_cells(root, assignment)
+    path = catalog_path(root, lang, assignment)
+    entries = load_catalog(path)
+    by_english = {e.english: e for e in entries}
+    unused = [e for e in entries if e.english not in set(cells)]
+    out, seen, kept, todo = [], set(), 0, 0
+    for english in cells:
+        if english in seen:
+            continue
+        seen.add(english)
+        e = by_english.get(english)
+        if e is not None:
+            out.append(Entry(english, e.text))
+            kept += not e.todo
+            todo += e.todo
+            continue
+        old = _closest(english, unused)
+        if old is not None:
+            unused.remove(old)
+            diff = "\n".join(difflib.unified_diff(old.english.splitlines(), english.splitlines(), lineterm="",
+                                                  n=0))
+            note = (f"{TODO} the English changed; update the Chinese below, then delete this comment:\n"
+                    + diff.replace("-->", "- ->") + "\n-->")
+            out.append(Entry(english, note + "\n\n" + old.text))
+        else:
+            out.append(Entry(english, f"{TODO} a new cell: translate it, then delete this comment -->\n\n{english}"))
+        todo += 1
+    write_catalog(path, assignment, out)
+    return kept, todo
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m autograder.authoring.translations",
+                                 description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("status", "sync"):
+        p = sub.add_parser(name)
+        p.add_argument("assignments", nargs="*")
+        p.add_argument("--lang", default="zh")
+    sub.add_parser("language", help="print the language release/ is in")
+    args = ap.parse_args(argv)
+    root = os.getcwd() if os.path.exists("nbgrader_config.py") else PACKAGE_ROOT
+    if args.cmd == "language":
+        print(release_language(root))
+        return 0
+    names = args.assignments or assignments(root)
+    bad = 0
+    for a in names:
+        if args.cmd == "sync":
+            kept, todo = sync(root, a, args.lang)
+            print(f"{os.path.relpath(catalog_path(root, args.lang, a), root)}: {kept} translated, {todo} marked TODO")
+        else:
+            problems = status(root, a, args.lang)
+            bad += len(problems)
+            print(f"{a}: " + ("every markdown cell translated" if not problems else f"{len(problems)} problem(s)"))
+            for p in problems:
+                print("  " + p.replace("\n", "\n    "))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
