@@ -3,9 +3,14 @@
     .venv/bin/python assignments/03_pipeline_parallel/_build_nb.py
     .venv/bin/nbgrader generate_assignment 03_pipeline_parallel --force
 
-Answer cells are cut from solutions/pipeline_parallel/ (p2p.py, schedules.py
-and executor.py: one source of truth); test cells call the public
-checks in autograder/checks/pipeline_parallel.py, with hidden cases.
+Answer cells are cut from solutions/pipeline_parallel/ (p2p.py, schedules.py,
+executor.py, split_backward.py and executor_zb.py: one source of truth); test
+cells call the public checks in autograder/checks/pipeline_parallel.py (which
+re-exports pipeline_schedules.py) and pipeline_zero_bubble.py, with hidden
+cases. Every visible test runs at a size where a message sent to the wrong
+neighbour, a wrong peer or a wrong order shows (3 or 4 stages, a pipeline group
+inside a larger world): tests/test_pipeline_parallel_notebook.py proves it with
+the mutants.
 """
 
 import os
@@ -17,7 +22,9 @@ sys.path.insert(0, ROOT)
 from autograder.authoring.nbbuild import NotebookBuilder, source_of  # noqa: E402
 from solutions.pipeline_parallel import p2p as pp  # noqa: E402
 from solutions.pipeline_parallel import executor  # noqa: E402
+from solutions.pipeline_parallel import executor_zb  # noqa: E402
 from solutions.pipeline_parallel import schedules as sched  # noqa: E402
+from solutions.pipeline_parallel import split_backward  # noqa: E402
 
 ASSIGNMENT = "03_pipeline_parallel"
 LESSON = "../../assignments/03_pipeline_parallel"
@@ -42,14 +49,18 @@ def build() -> NotebookBuilder:
     3. `bubble_fraction`: how much of a step each rank idles;
     4. `run_pipeline`: the executor that runs a schedule with real sends and receives, without deadlock,
        and keeps only the activations its schedule needs;
-    5. the interleaved 1F1B schedule (virtual pipeline stages), run by the same executor.
+    5. the interleaved 1F1B schedule (virtual pipeline stages), run by the same executor;
+    6. the backward split in two: the input gradient (B) now, the weight gradient (W) later;
+    7. ZB-H1, the zero-bubble schedule with 1F1B's memory, as data;
+    8. DualPipeV, DeepSeek's V-shaped schedule with overlapped forward-and-backward pairs, as data;
+    9. `run_pipeline_zb`: an executor of F, B, W and F&B actions that runs them all.
 
     Read first: the lesson [README.md]({LESSON}/README.md) ([the course overview](../../assignments/README.md)
     puts it beside the other dimensions). Deep dives:
     [01_schedules_as_data.md]({LESSON}/01_schedules_as_data.md) (exercises 2-3),
     [02_p2p_without_deadlock.md]({LESSON}/02_p2p_without_deadlock.md) (exercises 1 and 4),
     [03_memory.md]({LESSON}/03_memory.md) (exercise 4's memory test),
-    [04_interleaving_and_zero_bubble.md]({LESSON}/04_interleaving_and_zero_bubble.md) (exercise 5).
+    [04_interleaving_and_zero_bubble.md]({LESSON}/04_interleaving_and_zero_bubble.md) (exercises 5-9).
 
     Conventions. A micro-batch is a tensor `[b, h]`, and every stage maps
     `[b, h]` to `[b, h]`, so a receiver knows the shape and dtype of what
@@ -83,6 +94,10 @@ def build() -> NotebookBuilder:
         TaggedStage, show_schedules, check_p2p_helpers, check_gpipe_schedule, check_one_f_one_b_schedule,
         check_bubble_fraction, check_run_pipeline, check_pipeline_memory, check_run_pipeline_errors,
         check_interleaved_schedule, plot_pipeline_timelines,
+    )
+    from autograder.checks.pipeline_zero_bubble import (
+        check_split_backward, check_split_backward_memory, check_zb_h1_schedule, check_dualpipev_schedule,
+        check_run_pipeline_zb, check_pipeline_zb_memory, plot_zb_timelines, torch_schedule_fn,
     )
     """)
 
@@ -163,13 +178,14 @@ def build() -> NotebookBuilder:
     NCCL: [02_p2p_without_deadlock.md](../../assignments/03_pipeline_parallel/02_p2p_without_deadlock.md).
     """)
     nb.solution_from("p2p", pp, "_next_and_prev", "send_forward", "recv_forward", "send_backward", "recv_backward")
-    nb.test("test_p2p_helpers", 10,
+    nb.test("test_p2p_helpers", 7,
             doc="Around the ring: send_forward to the next group rank, recv_forward from the previous, and back; non-blocking sends.",
             visible="""
-    check_p2p_helpers(send_forward, recv_forward, send_backward, recv_backward, world_size=2)
+    check_p2p_helpers(send_forward, recv_forward, send_backward, recv_backward, pp_ranks=[[1, 2, 3]], world_size=4)
     """, hidden="""
     check_p2p_helpers(send_forward, recv_forward, send_backward, recv_backward, world_size=4, pp_ranks=[[0, 1, 3]],
                       shape=(2, 5), dtype=torch.float32, noncontiguous=True, seed=1)
+    check_p2p_helpers(send_forward, recv_forward, send_backward, recv_backward, world_size=4, seed=3)
     check_p2p_helpers(send_forward, recv_forward, send_backward, recv_backward, world_size=4,
                       pp_ranks=[[0, 2], [1, 3]], shape=(4, 3), seed=2)
     """)
@@ -210,14 +226,14 @@ def build() -> NotebookBuilder:
     micro-batches: [01_schedules_as_data.md](../../assignments/03_pipeline_parallel/01_schedules_as_data.md).
     """)
     nb.solution_from("schedules", sched, "gpipe_schedule", "one_f_one_b_schedule")
-    nb.test("test_gpipe_schedule", 4,
+    nb.test("test_gpipe_schedule", 3,
             doc="GPipe: all forwards then all backwards, FIFO, on every stage; the stages run together without deadlock.",
             visible="""
     check_gpipe_schedule(gpipe_schedule)
     """, hidden="""
     check_gpipe_schedule(gpipe_schedule, cases=[(5, 7), (3, 1), (2, 2)])
     """)
-    nb.test("test_1f1b_schedule", 10,
+    nb.test("test_1f1b_schedule", 7,
             doc="1F1B: warm-up min(p - s - 1, m), one forward / one backward, FIFO cool-down; no deadlock across stages.",
             visible="""
     check_one_f_one_b_schedule(one_f_one_b_schedule)
@@ -246,7 +262,7 @@ def build() -> NotebookBuilder:
     Derivation: [01_schedules_as_data.md](../../assignments/03_pipeline_parallel/01_schedules_as_data.md).
     """)
     nb.solution_from("bubble", sched, "bubble_fraction")
-    nb.test("test_bubble_fraction", 4,
+    nb.test("test_bubble_fraction", 3,
             doc="bubble_fraction(p, m, num_chunks=v) = (p - 1) / (v m + p - 1); ValueError below 1.",
             visible="""
     check_bubble_fraction(bubble_fraction)
@@ -306,20 +322,22 @@ def build() -> NotebookBuilder:
     [03_memory.md](../../assignments/03_pipeline_parallel/03_memory.md).
     """)
     nb.solution_from("run_pipeline", executor, "_forward_step", "_backward_step", "run_pipeline")
-    nb.test("test_run_pipeline_gpipe", 12,
+    nb.test("test_run_pipeline_gpipe", 8,
             doc="GPipe through run_pipeline: loss and every gradient equal single-process; executed order and P2P as scheduled.",
             visible="""
-    check_run_pipeline(run_pipeline, gpipe_schedule, num_stages=2, num_microbatches=3)
+    check_run_pipeline(run_pipeline, gpipe_schedule, num_stages=3, num_microbatches=3, world_size=4,
+                       pp_ranks=[[0, 2, 3]])
     """, hidden="""
     check_run_pipeline(run_pipeline, gpipe_schedule, num_stages=3, num_microbatches=1, world_size=4,
                        pp_ranks=[[1, 2, 3]], seed=1)
     check_run_pipeline(run_pipeline, gpipe_schedule, num_stages=4, num_microbatches=2, dtype=torch.float32, seed=2)
     check_run_pipeline(run_pipeline, gpipe_schedule, num_stages=1, num_microbatches=2, seed=3)
     """)
-    nb.test("test_run_pipeline_1f1b", 14,
+    nb.test("test_run_pipeline_1f1b", 10,
             doc="1F1B through run_pipeline: loss and every gradient equal single-process; executed order and P2P as scheduled.",
             visible="""
-    check_run_pipeline(run_pipeline, one_f_one_b_schedule, num_stages=2, num_microbatches=3)
+    check_run_pipeline(run_pipeline, one_f_one_b_schedule, num_stages=3, num_microbatches=4, world_size=4,
+                       pp_ranks=[[1, 2, 3]])
     """, hidden="""
     check_run_pipeline(run_pipeline, one_f_one_b_schedule, num_stages=3, num_microbatches=5, world_size=4,
                        pp_ranks=[[0, 1, 3]], seed=1)
@@ -329,16 +347,17 @@ def build() -> NotebookBuilder:
                        pp_ranks=[[0, 2], [1, 3]], dtype=torch.float32, seed=4)
     check_run_pipeline(run_pipeline, one_f_one_b_schedule, num_stages=1, num_microbatches=3, seed=5)
     """)
-    nb.test("test_pipeline_memory", 12,
+    nb.test("test_pipeline_memory", 8,
             doc="Stage outputs kept alive: exactly what the schedule needs after every forward (1F1B: min(p - s, m)), none after.",
             visible="""
-    check_pipeline_memory(run_pipeline, one_f_one_b_schedule, num_stages=3, num_microbatches=5)
+    check_pipeline_memory(run_pipeline, one_f_one_b_schedule, num_stages=3, num_microbatches=5, world_size=4,
+                          pp_ranks=[[1, 2, 3]])
     """, hidden="""
     check_pipeline_memory(run_pipeline, one_f_one_b_schedule, num_stages=4, num_microbatches=7, seed=1)
     check_pipeline_memory(run_pipeline, gpipe_schedule, num_stages=3, num_microbatches=4, world_size=4,
                           pp_ranks=[[0, 2, 3]], seed=2)
     """)
-    nb.test("test_run_pipeline_errors", 4,
+    nb.test("test_run_pipeline_errors", 3,
             doc="Invalid arguments to run_pipeline raise ValueError on every rank before any communication.",
             visible="""
     check_run_pipeline_errors(run_pipeline, world_size=2)
@@ -395,17 +414,18 @@ def build() -> NotebookBuilder:
     [04_interleaving_and_zero_bubble.md](../../assignments/03_pipeline_parallel/04_interleaving_and_zero_bubble.md).
     """)
     nb.solution_from("interleaved", sched, "interleaved_1f1b_schedule")
-    nb.test("test_interleaved_schedule", 14,
+    nb.test("test_interleaved_schedule", 10,
             doc="Interleaved 1F1B: Megatron's forward/backward chunk orders and warm-up on every stage; no deadlock; ValueErrors.",
             visible="""
     check_interleaved_schedule(interleaved_1f1b_schedule)
     """, hidden="""
     check_interleaved_schedule(interleaved_1f1b_schedule, cases=[(4, 12, 3), (2, 2, 2), (1, 3, 2), (3, 6, 2), (2, 6, 4)])
     """)
-    nb.test("test_run_pipeline_interleaved", 16,
+    nb.test("test_run_pipeline_interleaved", 11,
             doc="run_pipeline with model chunks: loss and gradients equal single-process; executed order and P2P as scheduled.",
             visible="""
-    check_run_pipeline(run_pipeline, interleaved_1f1b_schedule, num_stages=2, num_microbatches=4, num_chunks=2)
+    check_run_pipeline(run_pipeline, interleaved_1f1b_schedule, num_stages=3, num_microbatches=6, num_chunks=2,
+                       world_size=4, pp_ranks=[[1, 2, 3]])
     """, hidden="""
     check_run_pipeline(run_pipeline, interleaved_1f1b_schedule, num_stages=3, num_microbatches=3, num_chunks=3,
                        world_size=4, pp_ranks=[[1, 2, 3]], seed=1)
@@ -429,6 +449,273 @@ def build() -> NotebookBuilder:
     plot_pipeline_timelines(run_pipeline, [("interleaved 1F1B", interleaved_1f1b_schedule, 4, 8, 2)],
                             bubble_fraction=bubble_fraction)
     """)
+    # -- exercise 6 ----------------------------------------------------------------
+    nb.exercise(6, "split the backward: B now, W later", """
+    A stage's backward computes two things: the gradient of its **input**
+    (B), which the previous stage is waiting for, and the gradients of its
+    **weights** (W), which nothing needs until the optimizer step. A
+    zero-bubble schedule runs them as two actions, W in what would otherwise
+    be a bubble. Implement the split as PyTorch does
+    (`stage_backward_input` / `stage_backward_weight` in
+    `torch/distributed/pipelining/_backward.py`):
+
+    - `backward_input(output, grad_output, inputs, params)` returns
+      `(input_grads, w_state)`: the gradient of each tensor of `inputs` (a
+      list; empty on the first stage, whose input is data), and whatever
+      `backward_weight` will need. `output` is the stage's output and
+      `grad_output` its gradient from the next stage; on the last stage
+      `output` is the loss and `grad_output` is `None`. It changes **no**
+      `.grad`: neither the parameters' nor the inputs'.
+    - `backward_weight(w_state)` then **adds** each parameter's gradient to
+      its `.grad` (as a full backward accumulates: the `.grad` may already
+      hold an earlier micro-batch's), once.
+
+    How, with the given `_weight_split_points(output, params)`: it returns,
+    for every parameter, the autograd node where its gradient branches off
+    (a linear layer's `AddmmBackward0`; the parameters that branch off there
+    with it). The gradient flowing into that node, `dz`, is all its weights
+    need (`dW = dz^T x`, `db = dz.sum(0)`; `x` is saved in the node).
+
+    1. B: **one** `torch.autograd.grad(output, inputs + edges, grad_outputs=grad_output,
+       retain_graph=True)`, where `edges = [GradientEdge(node, 0) for node, _ in points]`
+       (`torch.autograd.graph.GradientEdge`: "the gradient of that node's
+       output"): it returns the input gradients and every `dz`, and computes no
+       weight gradient (autograd only runs what leads to what you ask for).
+       `retain_graph=True`: W will run those nodes again.
+    2. W: for each point, `torch.autograd.grad([GradientEdge(node, 0)], its_params,
+       grad_outputs=[dz])` (from that node to its own parameters only: the
+       layers above it are not run again), and accumulate into `.grad`.
+
+    Memory is part of the test: once B has returned and the caller dropped the
+    output, the output must be freed (your `w_state` keeps the nodes and the
+    `dz`s, not the output), and after W nothing of the step may stay alive;
+    the test also counts the FLOPs: B must compute no weight-gradient GEMM, W
+    nothing else. Why the split, and how Megatron (`--delay-wgrad-compute`)
+    and DeepSeek (`WeightGradStore`) do it inside their layers instead:
+    [04_interleaving_and_zero_bubble.md](../../assignments/03_pipeline_parallel/04_interleaving_and_zero_bubble.md) §4-5.
+    """)
+    nb.given("weight_split_points", "from torch.autograd.graph import GradientEdge, get_gradient_edge\n\n\n"
+             + source_of(split_backward, "_weight_split_points"))
+    nb.solution_from("split_backward", split_backward, "backward_input", "backward_weight")
+    nb.test("test_split_backward", 5,
+            doc="B returns the input gradients and touches no .grad; W then accumulates exactly the full backward's weight gradients.",
+            visible="""
+    check_split_backward(backward_input, backward_weight)
+    """, hidden="""
+    check_split_backward(backward_input, backward_weight, cases=["linear layers without bias, a middle stage",
+                         "three layers and a layer norm, a middle stage"], batch=5, seed=1)
+    """)
+    nb.test("test_split_backward_memory", 4,
+            doc="B computes no weight-gradient GEMM and W nothing else (FLOPs); B frees the output's side, W frees the rest.",
+            visible="""
+    check_split_backward_memory(backward_input, backward_weight)
+    """, hidden="""
+    check_split_backward_memory(backward_input, backward_weight, cases=["three layers and a layer norm, a middle stage",
+                                "linear layers without bias, a middle stage"], batch=5, seed=1)
+    """)
+
+    # -- exercise 7 ----------------------------------------------------------------
+    nb.exercise(7, "ZB-H1 as data", """
+    With B and W apart, a schedule has three kinds of actions: `("F", mb)`,
+    `("B", mb)` (the input gradient, and the whole backward if the list has no
+    W for it) and `("W", mb)`. ZB-H1 (Qi et al. 2024, "ZB1P" in their code and
+    in PyTorch) is 1F1B with every backward split, and stage `s` running the W
+    of backward `k` right after its backward `k + s`, the last `s` Ws at the
+    end: stage 0 runs each W at once, the last stage defers `p - 1` of them
+    into what was 1F1B's cool-down bubble. For p = 4, m = 8, stage 1 runs
+
+    `F0 F1 F2 B0 F3 B1 W0 F4 B2 W1 F5 B3 W2 F6 B4 W3 F7 B5 W4 B6 W5 B7 W6 W7`.
+
+    `zb_h1_schedule(num_stages, stage, num_microbatches)` returns that list
+    (first line: `_check_schedule_args(...)`). The test checks, in this order:
+    a valid list, no deadlock, memory (no stage keeps more micro-batches'
+    activations, forwarded and not yet through their W, than 1F1B's busiest
+    stage: `min(p, m)`), the bubble (on the ideal timeline, with a forward
+    costing F, a whole backward B and its weight part W, every rank idles
+    exactly `(p - 1)(F + B - 2W)`, against 1F1B's `(p - 1)(F + B)`), and the
+    exact order PyTorch's `ScheduleInterleavedZeroBubble` runs with one stage
+    per rank. Where the formula comes from:
+    [04_interleaving_and_zero_bubble.md](../../assignments/03_pipeline_parallel/04_interleaving_and_zero_bubble.md) §6.
+    """)
+    nb.solution_from("zb_h1", sched, "zb_h1_schedule")
+    nb.test("test_zb_h1_schedule", 4,
+            doc="ZB-H1: every stage's F/B/W list is PyTorch's ZB1P order, its bubble (p - 1)(F + B - 2W), its memory 1F1B's.",
+            visible="""
+    check_zb_h1_schedule(zb_h1_schedule)
+    """, hidden="""
+    check_zb_h1_schedule(zb_h1_schedule, cases=[(2, 2), (5, 9), (6, 6), (3, 1), (1, 3)],
+                         costs=[(1.0, 2.0, 0.5), (3.0, 4.0, 2.0)])
+    """)
+    nb.code("""
+    # Scratch: ZB-H1's lists and its idle fraction on the ideal timeline (F = 1, B = 2 of which W = 1).
+    show_schedules(zb_h1_schedule, num_stages=4, num_microbatches=8)
+    """)
+
+    # -- exercise 8 ----------------------------------------------------------------
+    nb.exercise(8, "DualPipeV as data", """
+    DeepSeek-V3's DualPipe feeds the pipeline from both ends; DualPipeV (its
+    V-shaped cut, in DeepSeek's `DualPipe` repository and in PyTorch as
+    `ScheduleDualPipeV`) keeps one direction and folds the model in a V: with
+    `2p` stages on `p` ranks, rank `r` holds **chunk 0 = stage r** and
+    **chunk 1 = stage 2p - 1 - r**. A micro-batch goes down the ranks through
+    chunk 0, turns at the bottom (stages `p - 1` and `p` are both on rank
+    `p - 1`), and comes back up through chunk 1: rank 0 holds both the first
+    stage and the last (the loss).
+
+    Actions: `("F", mb, c)`, `("B", mb, c)` (input gradient only if the list
+    has `("W", mb, c)` later, else the whole backward), `("W", mb, c)`, and the
+    **overlapped pair** `("F&B", ("F", mb, c), ("B", mb2, c2))`: a forward of one
+    chunk and the whole backward of the other, which DualPipe runs together
+    so that each one's communication hides behind the other's compute.
+
+    `dualpipev_schedule(num_stages, stage, num_microbatches)` (`num_stages` =
+    p ranks) returns rank `stage`'s list in the order `ScheduleDualPipeV`
+    runs, in eight steps (counts per rank r; "F0" is a forward of chunk 0,
+    micro-batches in order per kind and chunk):
+
+    | step | repeat | actions |
+    |---|---|---|
+    | 1 | `2(p - r - 1)` | F0 |
+    | 2 | `r + 1` | F0, F1 |
+    | 3 | `p - r - 1` | B1 split (its W queued), the oldest queued W, F1 |
+    | 4 | `m - 2p + r + 1` | pair (F0, B1), pair (F1, B0); on the last rank the very first pair is F0 then B1, not paired |
+    | 5 | `p - r - 1` | B1, pair (F1, B0) |
+    | 6 | `r + 1` | B1, B0: from iteration `(r + 1) // 2` on, split (W queued), from the B1 (odd r) or the B0 (even r) |
+    | 7 | `p - r - 1` | the oldest queued W, B0 (split) |
+    | 8 | `r + 1` | the oldest queued W (if any) |
+
+    `ValueError` (first line `_check_schedule_args(...)`, then) below `2p`
+    micro-batches. For p = 2, m = 4, rank 0 runs
+    `F0c0 F1c0 F2c0 F0c1 B0c1 W0c1 F1c1 F3c0&B1c1 F2c1&B0c0 B2c1 F3c1&B1c0 B3c1 B2c0 W2c0 B3c0 W3c0`.
+    The test compares every rank's list with PyTorch's, pair for pair. The
+    schedule, its bubble and what F&B overlaps on a GPU:
+    [04_interleaving_and_zero_bubble.md](../../assignments/03_pipeline_parallel/04_interleaving_and_zero_bubble.md) §7.
+    """)
+    nb.solution_from("dualpipev", sched, "dualpipev_schedule")
+    nb.test("test_dualpipev_schedule", 4,
+            doc="DualPipeV: every rank's F/B/W and F&B list is the order torch's ScheduleDualPipeV runs; no deadlock; ValueErrors.",
+            visible="""
+    check_dualpipev_schedule(dualpipev_schedule)
+    """, hidden="""
+    check_dualpipev_schedule(dualpipev_schedule, cases=[(2, 5), (4, 11), (5, 10), (3, 6), (6, 13)])
+    """)
+    nb.code("""
+    # Scratch: DualPipeV's lists (F&B: an overlapped pair) and the ideal timeline's idle fraction.
+    show_schedules(dualpipev_schedule, num_stages=4, num_microbatches=8, num_chunks=2, style="v")
+    """)
+
+    # -- exercise 9 ----------------------------------------------------------------
+    nb.exercise(9, "`run_pipeline_zb`: execute F, B, W and F&B", """
+    `run_pipeline_zb(stage_module, schedule, microbatches, targets, loss_fn, *, pp_group, style="loop")`
+    is `run_pipeline` grown to these lists; it must run any of them: ZB-H1,
+    DualPipeV, PyTorch's ZBV and interleaved zero-bubble lists, and the plain
+    1F1B and interleaved lists (no W: every B whole). Start with
+    `size, rank = _group_size_rank(pp_group, "run_pipeline_zb")` and the given
+    `chunks, actions, deferred = _check_zb_args(stage_module, schedule, microbatches, targets, style, size)`:
+    `actions` are `(kind, mb, chunk)` with every F&B pair replaced by its two
+    halves (on a GPU they would overlap; here they run one after the other),
+    `deferred` the `(mb, chunk)` whose B has a W later.
+
+    - **Placement** (`_stage_of`, `_owner`): `style="loop"` puts chunk c of
+      rank r on stage `c·p + r` (as before); `style="v"` (two chunks) on stage
+      `r` and stage `2p - 1 - r`. The last stage (`v·p - 1`) computes the loss;
+      the rank that holds it returns the mean loss as a float (rank p - 1 in
+      the loop, **rank 0** in the V), the others `None`.
+    - **F** as before, with the neighbours given by placement: stage 0 reads
+      `microbatches[mb]`; otherwise the input comes from the rank that holds
+      stage `k - 1`, by a receive, or, if that is this rank (the V's bottom,
+      or p = 1), handed over locally as `output.detach().requires_grad_()`.
+    - **B**: the output's gradient from the rank of stage `k + 1` (or locally;
+      none on the last stage); if `(mb, chunk)` is in `deferred`,
+      `backward_input(...)` (exercise 6) and keep its state for the W;
+      otherwise the whole backward as before. Then the input's gradient to
+      the rank of stage `k - 1` (or locally; not on stage 0).
+    - **W**: `backward_weight` on the state its B kept, and drop it.
+    - **Two streams, two tags.** In the V, activations and gradients travel
+      between the same two ranks in the same direction (rank r sends chunk 0's
+      activations and chunk 1's gradients to rank r + 1), and the two ranks do
+      not post them in the same order. gloo hands a rank's messages to the
+      receives from that rank in posting order *per tag*, so a gradient would
+      land in a receive waiting for an activation (same shape: no error, wrong
+      numbers). Send and receive with `dist.isend(..., group_dst=peer,
+      tag=...)` / `dist.recv(..., group_src=peer, tag=...)`: `ACTIVATION_TAG` for
+      activations, `GRADIENT_TAG` for gradients. Sends are posted, only
+      receives block, every handle is waited before returning, as before.
+
+    Graded: loss and gradients against single-process float64 (ZB-H1 and
+    DualPipeV, p = 2, 3 and 4, several micro-batch counts, pipeline groups inside
+    a larger world); the order in which each stage ran its F, B and W
+    (recorded while it ran: a B that computes a weight gradient the list
+    deferred fails); the P2P messages; and memory: after every forward,
+    exactly the stage outputs still waiting for their B and the stage inputs
+    still waiting for their W are alive, none after the step.
+    """)
+    nb.given("zb_helpers", source_of(executor_zb, "_check_zb_args"))
+    nb.solution_from("run_pipeline_zb", executor_zb, "ACTIVATION_TAG", "GRADIENT_TAG", "_stage_of", "_owner",
+                     "_zb_forward", "_zb_backward", "_zb_weight", "run_pipeline_zb")
+    nb.test("test_run_pipeline_zb_h1", 5,
+            doc="ZB-H1 and torch's interleaved zero-bubble lists through run_pipeline_zb: loss, gradients, executed F/B/W order, P2P.",
+            visible="""
+    check_run_pipeline_zb(run_pipeline_zb, zb_h1_schedule, num_stages=4, num_microbatches=6)
+    check_run_pipeline_zb(run_pipeline_zb, torch_schedule_fn("zb_interleaved"), num_stages=2, num_microbatches=4,
+                          num_chunks=2, world_size=3, pp_ranks=[[0, 2]])
+    """, hidden="""
+    check_run_pipeline_zb(run_pipeline_zb, zb_h1_schedule, num_stages=2, num_microbatches=3, seed=1)
+    check_run_pipeline_zb(run_pipeline_zb, zb_h1_schedule, num_stages=4, num_microbatches=2, dtype=torch.float32, seed=2)
+    check_run_pipeline_zb(run_pipeline_zb, zb_h1_schedule, num_stages=3, num_microbatches=5, world_size=4,
+                          pp_ranks=[[0, 1, 3]], seed=3)
+    check_run_pipeline_zb(run_pipeline_zb, zb_h1_schedule, num_stages=1, num_microbatches=3, seed=4)
+    check_run_pipeline_zb(run_pipeline_zb, torch_schedule_fn("zb_interleaved"), num_stages=3, num_microbatches=6,
+                          num_chunks=2, world_size=4, pp_ranks=[[1, 2, 3]], seed=5)
+    """)
+    nb.test("test_run_pipeline_dualpipev", 5,
+            doc="DualPipeV (and ZBV) through run_pipeline_zb: V placement, loss, gradients, executed F/B/W and F&B order, P2P.",
+            visible="""
+    check_run_pipeline_zb(run_pipeline_zb, dualpipev_schedule, num_stages=3, num_microbatches=6, style="v", world_size=4,
+                          pp_ranks=[[1, 2, 3]])
+    """, hidden="""
+    check_run_pipeline_zb(run_pipeline_zb, dualpipev_schedule, num_stages=4, num_microbatches=8, style="v", seed=6)
+    check_run_pipeline_zb(run_pipeline_zb, dualpipev_schedule, num_stages=2, num_microbatches=4, style="v", seed=1)
+    check_run_pipeline_zb(run_pipeline_zb, dualpipev_schedule, num_stages=2, num_microbatches=5, style="v",
+                          world_size=4, pp_ranks=[[1, 3]], dtype=torch.float32, seed=2)
+    check_run_pipeline_zb(run_pipeline_zb, dualpipev_schedule, num_stages=4, num_microbatches=10, style="v", seed=3)
+    check_run_pipeline_zb(run_pipeline_zb, torch_schedule_fn("zbv"), num_stages=3, num_microbatches=6, style="v",
+                          seed=4)
+    """)
+    nb.test("test_pipeline_zb_memory", 3,
+            doc="run_pipeline_zb keeps each output until its B and each W's inputs until that W, nothing after the step.",
+            visible="""
+    check_pipeline_zb_memory(run_pipeline_zb, zb_h1_schedule, num_stages=3, num_microbatches=5)
+    check_pipeline_zb_memory(run_pipeline_zb, dualpipev_schedule, num_stages=2, num_microbatches=5, style="v",
+                             world_size=3, pp_ranks=[[1, 2]])
+    """, hidden="""
+    check_pipeline_zb_memory(run_pipeline_zb, dualpipev_schedule, num_stages=4, num_microbatches=8, style="v", seed=1)
+    check_pipeline_zb_memory(run_pipeline_zb, zb_h1_schedule, num_stages=4, num_microbatches=7, world_size=4,
+                             pp_ranks=[[0, 1, 2, 3]], seed=2)
+    """)
+    nb.markdown("""
+    ### Picture: the zero-bubble schedules as they ran
+
+    ZB-H1 and DualPipeV on 4 ranks, as *your* `run_pipeline_zb` ran them, on
+    stages that sleep F = 20 ms per forward, 20 ms for the input gradient B
+    and 20 ms for the weights W (a whole backward 40 ms): blue forwards,
+    orange Bs, green Ws, lighter for chunk 1 (a whole backward shows as its B
+    then its W). Compare the hatched idle time with the 1F1B picture above
+    (same costs, 27 % idle on the ideal timeline): ZB-H1 fills the cool-down
+    with the deferred Ws (11 % ideal), DualPipeV also shrinks the fill by
+    starting the way back (chunk 1) early (6 % ideal). The measured idle is
+    higher than the ideal one, DualPipeV's most: its chunks are half a stage
+    (10 ms) and it sends twice the messages, so what a message costs on a
+    shared CPU (and the first message between two ranks, which opens their
+    connection) shows more. The row labels give the most
+    micro-batches each rank kept activations for: ZB-H1 holds p on every
+    rank (1F1B's stage 0), DualPipeV 2p + 1 chunks of half a stage each (its
+    price). Run it once exercise 9 passes.
+    """)
+    nb.code("""
+    plot_zb_timelines(run_pipeline_zb, [("ZB-H1", zb_h1_schedule, 4, 8, "loop"),
+                                        ("DualPipeV", dualpipev_schedule, 4, 8, "v")])
+    """)
     nb.nccl_checks("""
     [
         ("P2P helpers", check_p2p_helpers, (send_forward, recv_forward, send_backward, recv_backward),
@@ -444,9 +731,11 @@ def build() -> NotebookBuilder:
 
     Run every cell from the top (Kernel → Restart & Run All) before you submit.
     The hidden tests run the same checks on other cases: pipeline groups
-    inside a larger world (group ranks differ from global ranks), 1, 3 and 4
-    stages, one micro-batch, fewer micro-batches than stages, float32, and
-    interleaving with one rank or three chunks.
+    inside a larger world (group ranks differ from global ranks), 1 to 6
+    stages, one micro-batch, fewer micro-batches than stages, float32,
+    interleaving with one rank or three chunks, a layer norm in the split
+    backward, and PyTorch's ZBV and interleaved zero-bubble lists through
+    `run_pipeline_zb`.
     """)
     return nb
 

@@ -1,7 +1,9 @@
 """Public checks of assignment 03 (pipeline parallelism): what is graded, readably.
 
 The schedule checks live in autograder/checks/pipeline_schedules.py and are
-re-exported here, so a notebook imports every check from this module.
+re-exported here; the checks of the zero-bubble exercises (the split backward,
+ZB-H1, DualPipeV, run_pipeline_zb) are in pipeline_zero_bubble.py, built on
+this module.
 
     import autograder.checks.pipeline_parallel as checks
     checks.check_one_f_one_b_schedule(one_f_one_b_schedule)
@@ -55,14 +57,14 @@ from autograder.lessons.volume import pp_bubble_fraction
 from .pipeline_schedules import (  # noqa: F401 - part of this module's public API (the notebook imports it here)
     _action_text, _check_complete, _check_feasible, _normalize, _schedule_lists, check_bubble_fraction,
     check_gpipe_schedule, check_interleaved_schedule, check_one_f_one_b_schedule, format_actions, in_flight_peak,
-    show_schedules, simulate_schedules,
+    pending_peak, show_schedules, simulate_schedules,
 )
 
 __all__ = [
     "TaggedStage", "simulate_schedules", "show_schedules", "format_actions", "in_flight_peak",
     "check_p2p_helpers", "check_gpipe_schedule", "check_one_f_one_b_schedule", "check_interleaved_schedule",
     "check_bubble_fraction", "check_run_pipeline", "check_pipeline_memory", "check_run_pipeline_errors",
-    "record_timeline", "measured_idle_fraction", "plot_pipeline_timelines",
+    "record_timeline", "measured_idle_fraction", "plot_pipeline_timelines", "pending_peak",
 ]
 
 _TIMEOUT = 5.0  # seconds: a deadlock is reported within this, with every rank's stack
@@ -938,3 +940,4 @@ def plot_pipeline_timelines(run_pipeline, runs, *, bubble_fraction=None, forward
         handles.append(Patch(facecolor="#E6E6E6", hatch="///", edgecolor="#BBBBBB", label="idle"))
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
     return picture(fig)
+

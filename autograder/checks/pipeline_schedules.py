@@ -17,7 +17,8 @@ from __future__ import annotations
 from autograder.runtime.compare import CheckFailure
 from autograder.lessons.volume import pp_bubble_fraction
 
-__all__ = ["simulate_schedules", "show_schedules", "format_actions", "in_flight_peak", "check_gpipe_schedule",
+__all__ = ["simulate_schedules", "show_schedules", "format_actions", "in_flight_peak", "pending_peak", "stage_of",
+           "owner_of", "check_gpipe_schedule",
            "check_one_f_one_b_schedule", "check_interleaved_schedule", "check_bubble_fraction"]
 
 
@@ -26,6 +27,8 @@ __all__ = ["simulate_schedules", "show_schedules", "format_actions", "in_flight_
 # ---------------------------------------------------------------------------
 
 def _action_text(action) -> str:
+    if isinstance(action, (tuple, list)) and len(action) == 3 and action[0] == "F&B":
+        return f"{_action_text(action[1])}&{_action_text(action[2])}"
     if isinstance(action, (tuple, list)) and len(action) in (2, 3):
         text = f"{action[0]}{action[1]}"
         return text + (f"c{action[2]}" if len(action) == 3 else "")
@@ -40,45 +43,63 @@ def format_actions(actions, limit: int = 40) -> str:
     return " ".join(items) if items else "(no actions)"
 
 
-def _normalize(actions, *, what: str, num_chunks: int) -> list[tuple[str, int, int]]:
-    """The actions as (kind, mb, chunk); CheckFailure for anything else."""
+def _normalize(actions, *, what: str, num_chunks: int, zero_bubble: bool = False) -> list[tuple]:
+    """The actions as (kind, mb, chunk); CheckFailure for anything else.
+
+    With `zero_bubble`, kinds "F", "B", "W" and overlapped pairs ("F&B", forward, backward), kept as
+    ("F&B", (kind, mb, chunk), (kind, mb, chunk)).
+    """
     if not isinstance(actions, (list, tuple)):
         raise CheckFailure(f"{what} returned {type(actions).__name__}; expected a list of actions "
                            f"like ('F', 0) and ('B', 0)")
     size = 2 if num_chunks == 1 else 3
+    kinds = ("F", "B", "W") if zero_bubble else ("F", "B")
     example = "('F', microbatch)" if size == 2 else "('F', microbatch, chunk)"
-    out = []
-    for i, a in enumerate(actions):
-        if (not isinstance(a, tuple) or len(a) != size or a[0] not in ("F", "B")
+    words = "'F', 'B' or 'W'" if zero_bubble else "'F' or 'B'"
+
+    def one(a, i, allowed=kinds):
+        if (not isinstance(a, tuple) or len(a) != size or a[0] not in allowed
                 or not all(isinstance(n, int) and not isinstance(n, bool) for n in a[1:])):
             raise CheckFailure(f"{what}: action {i} is {a!r}; every action must be a tuple {example} "
-                               f"with kind 'F' or 'B' and int indices")
-        out.append((a[0], a[1], a[2] if size == 3 else 0))
+                               f"with kind {words} and int indices"
+                               + (", or a pair ('F&B', forward, backward)" if zero_bubble else ""))
+        return (a[0], a[1], a[2] if size == 3 else 0)
+
+    out = []
+    for i, a in enumerate(actions):
+        if zero_bubble and isinstance(a, tuple) and len(a) == 3 and a[0] == "F&B":
+            out.append(("F&B", one(a[1], i, ("F",)), one(a[2], i, ("B",))))
+        else:
+            out.append(one(a, i))
+    return out
+
+
+def _flat(acts) -> list[tuple[str, int, int]]:
+    """Normalized actions with every ("F&B", f, b) pair replaced by its two halves, f then b."""
+    out = []
+    for a in acts:
+        out.extend(a[1:] if a[0] == "F&B" else (a,))
     return out
 
 
 def _check_complete(acts, *, m: int, v: int, what: str, shown: str) -> None:
-    """Every (mb, chunk) forwarded exactly once, then backwarded exactly once."""
-    done_f, done_b = set(), set()
-    for i, (kind, mb, c) in enumerate(acts):
+    """Every (mb, chunk) forwarded exactly once, then backwarded exactly once (then at most one W, after its B)."""
+    done = {"F": set(), "B": set(), "W": set()}
+    before = {"B": ("F", "forward"), "W": ("B", "backward (B)")}
+    for i, (kind, mb, c) in enumerate(_flat(acts)):
+        label = (kind, mb) if v == 1 else (kind, mb, c)
         if not (0 <= mb < m and 0 <= c < v):
-            raise CheckFailure(f"{what}: action {i} ({_action_text((kind, mb) if v == 1 else (kind, mb, c))}) is "
+            raise CheckFailure(f"{what}: action {i} ({_action_text(label)}) is "
                                f"outside {m} micro-batches{f' and {v} chunks' if v > 1 else ''}.\n  {shown}")
         key = (mb, c)
-        if kind == "F":
-            if key in done_f:
-                raise CheckFailure(f"{what}: micro-batch {mb}{f' chunk {c}' if v > 1 else ''} is forwarded twice.\n"
-                                   f"  {shown}")
-            done_f.add(key)
-        else:
-            if key not in done_f:
-                raise CheckFailure(f"{what}: micro-batch {mb}{f' chunk {c}' if v > 1 else ''} is backwarded "
-                                   f"before its forward.\n  {shown}")
-            if key in done_b:
-                raise CheckFailure(f"{what}: micro-batch {mb}{f' chunk {c}' if v > 1 else ''} is backwarded "
-                                   f"twice.\n  {shown}")
-            done_b.add(key)
-    missing = sorted({(mb, c) for mb in range(m) for c in range(v)} - done_b)
+        name = {"F": "forwarded", "B": "backwarded", "W": "given its W"}[kind]
+        where = f"micro-batch {mb}{f' chunk {c}' if v > 1 else ''}"
+        if key in done[kind]:
+            raise CheckFailure(f"{what}: {where} is {name} twice.\n  {shown}")
+        if kind in before and key not in done[before[kind][0]]:
+            raise CheckFailure(f"{what}: {where} is {name} before its {before[kind][1]}.\n  {shown}")
+        done[kind].add(key)
+    missing = sorted({(mb, c) for mb in range(m) for c in range(v)} - done["B"])
     if missing:
         names = ", ".join(f"{mb}" if v == 1 else f"({mb}, chunk {c})" for mb, c in missing[:5])
         raise CheckFailure(f"{what}: {len(acts)} actions, expected {2 * m * v} (one forward and one backward "
@@ -148,29 +169,76 @@ def _check_alternation(acts, *, leading: int, leading_rule: str, what: str, show
         prev = kind
 
 
+def _plain(actions) -> list[tuple[str, int, int]]:
+    """(kind, mb, chunk) of every action of a list (checked or not), F&B pairs as their two halves."""
+    out = []
+    for a in actions:
+        for b in (a[1:] if a[0] == "F&B" else (a,)):
+            out.append((b[0], b[1], b[2] if len(b) == 3 else 0))
+    return out
+
+
 def in_flight_peak(actions) -> int:
     """The most stage outputs a schedule needs alive at once: max over its forwards of (forwards - backwards) so far."""
     live = peak = 0
-    for a in actions:
-        live += 1 if a[0] == "F" else -1
+    for kind, _, _ in _plain(actions):
+        live += {"F": 1, "B": -1}.get(kind, 0)
         peak = max(peak, live)
     return peak
 
 
-def simulate_schedules(schedules, *, num_chunks: int = 1, forward: float = 1.0, backward: float = 2.0) -> dict:
+def pending_peak(actions) -> int:
+    """The most micro-batches a schedule keeps activations for at once: forwarded, and not yet through their W
+    (or their whole backward, for a B without a W). What a zero-bubble schedule holds."""
+    flat = _plain(actions)
+    deferred = {(mb, c) for kind, mb, c in flat if kind == "W"}
+    live = peak = 0
+    for kind, mb, c in flat:
+        if kind == "F":
+            live += 1
+        elif kind == "W" or (kind == "B" and (mb, c) not in deferred):
+            live -= 1
+        peak = max(peak, live)
+    return peak
+
+
+def stage_of(style: str, p: int, rank: int, chunk: int) -> int:
+    """The pipeline stage of a rank's chunk: "loop" chunk * p + rank (interleaving), "v" rank, then 2p - 1 - rank."""
+    if style == "v":
+        return rank if chunk == 0 else 2 * p - 1 - rank
+    return chunk * p + rank
+
+
+def owner_of(style: str, p: int, stage: int) -> int:
+    """The rank that holds `stage` (the inverse of stage_of)."""
+    if style == "v":
+        return stage if stage < p else 2 * p - 1 - stage
+    return stage % p
+
+
+def simulate_schedules(schedules, *, num_chunks: int = 1, forward: float = 1.0, backward: float = 2.0,
+                       weight: float | None = None, style: str = "loop") -> dict:
     """Run every stage's action list together on an ideal timeline (no communication time).
 
-    `schedules[r]` is rank r's list. A forward of virtual stage k > 0 starts
-    when the same micro-batch's forward of stage k - 1 has finished; a
-    backward of stage k < last when stage k + 1's backward of it has; each rank
-    runs its actions in order, one at a time. A chunk takes `forward / v` and
-    `backward / v`. Returns {"events": per rank [(kind, mb, chunk, start, end)],
-    "makespan", "idle_fraction"}, or {"deadlock": text} when no rank can make
-    progress (blocking receives would wait forever).
+    `schedules[r]` is rank r's list. A forward of stage k > 0 starts when the
+    same micro-batch's forward of stage k - 1 has finished; a backward of stage
+    k < last when stage k + 1's backward (B) of it has; a W after its own B;
+    each rank runs its actions in order, one at a time (an ("F&B", f, b) pair as
+    f then b). Costs: `forward` and `backward` (the whole backward) per stage
+    and micro-batch, split over the chunks; a B whose W comes later in the list
+    costs `backward - weight`, its W `weight` (default: half the backward).
+    Chunks are placed by `style` ("loop": chunk c of rank r is stage c p + r;
+    "v": stage r and 2p - 1 - r). Returns {"events": per rank [(kind, mb,
+    chunk, start, end)], "makespan", "idle_fraction", "idle": per rank idle
+    time}, or {"deadlock": text} when no rank can make progress (blocking
+    receives would wait forever).
     """
     p = len(schedules)
     v = num_chunks
-    acts = [[(a[0], a[1], a[2] if len(a) == 3 else 0) for a in s] for s in schedules]
+    w_cost = backward / 2 if weight is None else weight
+    acts = [_flat(_normalize(list(s), what=f"stage {r}", num_chunks=v, zero_bubble=True)) for r, s in
+            enumerate(schedules)]
+    deferred = [{(mb, c) for kind, mb, c in a if kind == "W"} for a in acts]
     last = p * v - 1
     done: dict[tuple, float] = {}
     pos = [0] * p
@@ -183,16 +251,20 @@ def simulate_schedules(schedules, *, num_chunks: int = 1, forward: float = 1.0, 
         for r in range(p):
             while pos[r] < len(acts[r]):
                 kind, mb, c = acts[r][pos[r]]
-                vs = c * p + r
+                k = stage_of(style, p, r, c)
                 if kind == "F":
-                    dep = ("F", mb, vs - 1) if vs > 0 else None
+                    dep = ("F", mb, k - 1) if k > 0 else None
+                    cost = forward
+                elif kind == "B":
+                    dep = ("B", mb, k + 1) if k < last else ("F", mb, k)
+                    cost = backward - w_cost if (mb, c) in deferred[r] else backward
                 else:
-                    dep = ("B", mb, vs + 1) if vs < last else ("F", mb, vs)
+                    dep, cost = ("B", mb, k), w_cost
                 if dep is not None and dep not in done:
                     break
                 start = max(free[r], done[dep] if dep is not None else 0.0)
-                end = start + (forward if kind == "F" else backward) / v
-                done[(kind, mb, vs)] = end
+                end = start + cost / v
+                done[(kind, mb, k)] = end
                 free[r] = end
                 events[r].append((kind, mb, c, start, end))
                 pos[r] += 1
@@ -205,42 +277,59 @@ def simulate_schedules(schedules, *, num_chunks: int = 1, forward: float = 1.0, 
                     lines.append(f"stage {r}: finished")
                     continue
                 kind, mb, c = acts[r][pos[r]]
-                vs = c * p + r
-                need = (f"stage {(vs - 1) % p}'s F{mb}" if kind == "F" else f"stage {(vs + 1) % p}'s B{mb}")
-                if v > 1:
-                    need += f" (chunk {(vs - 1) // p if kind == 'F' else (vs + 1) // p})"
+                k = stage_of(style, p, r, c)
+                if kind == "F":
+                    need = f"F{mb} of stage {k - 1} (rank {owner_of(style, p, k - 1)})"
+                else:
+                    need = f"B{mb} of stage {k + 1} (rank {owner_of(style, p, k + 1)})"
+                if v == 1 and style == "loop":
+                    need = (f"stage {(k - 1) % p}'s F{mb}" if kind == "F" else f"stage {(k + 1) % p}'s B{mb}")
+                elif style == "loop":
+                    need = (f"stage {(k - 1) % p}'s F{mb} (chunk {(k - 1) // p})" if kind == "F" else
+                            f"stage {(k + 1) % p}'s B{mb} (chunk {(k + 1) // p})")
                 me = _action_text((kind, mb) if v == 1 else (kind, mb, c))
                 lines.append(f"stage {r}: blocked at action {pos[r]} ({me}), waiting for {need}")
             return {"deadlock": "\n  ".join(lines)}
     makespan = max((e[-1][4] for e in events if e), default=0.0)
-    busy = sum(ev[4] - ev[3] for e in events for ev in e)
-    idle = 1.0 - busy / (p * makespan) if makespan > 0 else 0.0
-    return {"events": events, "makespan": makespan, "idle_fraction": idle}
+    busy = [sum(ev[4] - ev[3] for ev in e) for e in events]
+    idle = 1.0 - sum(busy) / (p * makespan) if makespan > 0 else 0.0
+    return {"events": events, "makespan": makespan, "idle_fraction": idle, "idle": [makespan - b for b in busy]}
 
 
-def show_schedules(schedule_fn, num_stages: int, num_microbatches: int, num_chunks: int = 1) -> None:
+def show_schedules(schedule_fn, num_stages: int, num_microbatches: int, num_chunks: int = 1, *,
+                   style: str = "loop", weight: float | None = None) -> None:
     """Print every stage's actions, and the idle fraction of the stages run together on an ideal timeline.
 
-    The ideal timeline: a forward takes 1, a backward 2 (split over the
-    chunks), communication takes no time (`simulate_schedules`).
+    The ideal timeline: a forward takes 1, a whole backward 2 (split over the
+    chunks; a B whose W comes later 2 - W, its W `weight`, 1 by default),
+    communication takes no time (`simulate_schedules`). For a V schedule
+    (`style="v"`: two chunks per rank, called as `schedule_fn(p, stage, m)`)
+    give num_chunks=2.
     """
     p, m, v = num_stages, num_microbatches, num_chunks
-    lists = _schedule_lists(schedule_fn, p, m, v, getattr(schedule_fn, "__name__", "schedule"))
+    lists = _schedule_lists(schedule_fn, p, m, v, getattr(schedule_fn, "__name__", "schedule"),
+                            chunk_arg=v > 1 and style == "loop")
     for s, actions in enumerate(lists):
         print(f"stage {s}: {format_actions(actions, limit=200)}")
-    sim = simulate_schedules(lists, num_chunks=v)
+    sim = simulate_schedules(lists, num_chunks=v, style=style, weight=weight)
     if "deadlock" in sim:
         print(f"run together, these schedules DEADLOCK:\n  {sim['deadlock']}")
-    else:
-        print(f"ideal timeline (F = 1, B = 2, no communication time): idle fraction {sim['idle_fraction']:.4f}; "
-              f"(p - 1) / (v m + p - 1) = {pp_bubble_fraction(p, m, v):.4f}")
+        return
+    split = any(a[0] in ("W", "F&B") for acts in lists for a in acts)
+    costs = "F = 1, B = 2" + (f" (of which W = {1.0 if weight is None else weight:g})" if split else "")
+    line = f"ideal timeline ({costs}, no communication time): idle fraction {sim['idle_fraction']:.4f}"
+    if style == "loop" and not split:
+        line += f"; (p - 1) / (v m + p - 1) = {pp_bubble_fraction(p, m, v):.4f}"
+    print(line)
 
 
-def _schedule_lists(fn, p: int, m: int, v: int, name: str) -> list:
-    """Every stage's list from the student's schedule function (NotImplementedError passes through)."""
+def _schedule_lists(fn, p: int, m: int, v: int, name: str, *, chunk_arg: bool | None = None) -> list:
+    """Every stage's list from the student's schedule function (NotImplementedError passes through).
+
+    `chunk_arg`: whether fn takes the number of chunks (default: when v > 1; a V schedule does not)."""
     out = []
     for s in range(p):
-        args = (p, s, m) if v == 1 else (p, s, m, v)
+        args = (p, s, m, v) if (v > 1 if chunk_arg is None else chunk_arg) else (p, s, m)
         try:
             out.append(fn(*args))
         except NotImplementedError:
@@ -250,8 +339,8 @@ def _schedule_lists(fn, p: int, m: int, v: int, name: str) -> list:
     return out
 
 
-def _check_feasible(lists, *, p, m, v, name) -> None:
-    sim = simulate_schedules(lists, num_chunks=v)
+def _check_feasible(lists, *, p, m, v, name, style: str = "loop") -> None:
+    sim = simulate_schedules(lists, num_chunks=v, style=style)
     if "deadlock" in sim:
         shown = "\n  ".join(f"stage {s}: {format_actions(a)}" for s, a in enumerate(lists))
         raise CheckFailure(

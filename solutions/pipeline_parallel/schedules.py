@@ -22,7 +22,8 @@ Tested by:  .venv/bin/python -m pytest -q tests/test_pipeline_parallel_solutions
 
 from __future__ import annotations
 
-__all__ = ["gpipe_schedule", "one_f_one_b_schedule", "bubble_fraction", "interleaved_1f1b_schedule"]
+__all__ = ["gpipe_schedule", "one_f_one_b_schedule", "bubble_fraction", "interleaved_1f1b_schedule", "zb_h1_schedule",
+           "dualpipev_schedule"]
 
 
 # ---------------------------------------------------------------------------
@@ -138,5 +139,116 @@ def interleaved_1f1b_schedule(num_stages, stage, num_microbatches, num_chunks):
         actions.append(("B", *backward_order[k]))
     for k in range(total - num_warmup, total):  # cool-down
         actions.append(("B", *backward_order[k]))
+    return actions
+    ### END SOLUTION
+
+
+# ---------------------------------------------------------------------------
+# Exercise 7: ZB-H1 (zero bubble, handcrafted, 1F1B's memory)
+# ---------------------------------------------------------------------------
+
+def zb_h1_schedule(num_stages, stage, num_microbatches):
+    """ZB-H1 (Qi et al. 2024, "ZB1P"): 1F1B with every backward split into B (input gradient) and W (weights),
+    stage s running the W of backward k right after backward k + s (the last s of them at the end).
+
+    Actions `("F", mb)`, `("B", mb)`, `("W", mb)`. The same order as torch's
+    `ScheduleInterleavedZeroBubble` with one stage per rank (`_get_1f1b_rank_ops`
+    with `enable_zero_bubble`): stage 0 runs each W at once, the last stage
+    defers p - 1 of them into what was 1F1B's cool-down bubble.
+    """
+    ### BEGIN SOLUTION
+    _check_schedule_args(num_stages, stage, num_microbatches, "zb_h1_schedule")
+    p, s, m = num_stages, stage, num_microbatches
+    num_warmup = min(p - s - 1, m)
+    order = [("F", mb) for mb in range(num_warmup)]  # 1F1B's order, backward kept whole for now
+    for i in range(m - num_warmup):
+        order += [("F", num_warmup + i), ("B", i)]
+    order += [("B", mb) for mb in range(m - num_warmup, m)]
+    actions = []
+    for action in order:
+        actions.append(action)
+        if action[0] == "B" and action[1] >= s:
+            actions.append(("W", action[1] - s))  # the W of the backward s steps back
+    actions += [("W", mb) for mb in range(max(0, m - s), m)]  # the last s Ws fill the cool-down
+    return actions
+    ### END SOLUTION
+
+
+# ---------------------------------------------------------------------------
+# Exercise 8: DualPipeV (two chunks per rank, in a V)
+# ---------------------------------------------------------------------------
+
+def dualpipev_schedule(num_stages, stage, num_microbatches):
+    """DualPipeV (DeepSeek's DualPipe, cut to a V): rank r holds chunk 0 = stage r and chunk 1 = stage 2p - 1 - r.
+
+    Actions `("F", mb, c)`, `("B", mb, c)`, `("W", mb, c)` and overlapped pairs
+    `("F&B", ("F", mb, c), ("B", mb2, c2))`. A `B` whose `W` comes later in the
+    list computes the input gradient only; a `B` without one (inside a pair,
+    among others) is the whole backward. The order torch's `ScheduleDualPipeV`
+    executes, in its eight steps; needs at least 2p micro-batches.
+    """
+    ### BEGIN SOLUTION
+    _check_schedule_args(num_stages, stage, num_microbatches, "dualpipev_schedule")
+    p, r, m = num_stages, stage, num_microbatches
+    if m < 2 * p:
+        raise ValueError(f"dualpipev_schedule: num_microbatches ({m}) must be at least 2 * num_stages "
+                         f"({2 * p}): the V has {2 * p} stages")
+    actions = []
+    count = {("F", 0): 0, ("F", 1): 0, ("B", 0): 0, ("B", 1): 0}  # the next micro-batch per kind and chunk
+    pending_w = []  # (mb, chunk) of split backwards whose W has not run yet, oldest first
+
+    def take(kind, chunk):
+        mb = count[kind, chunk]
+        count[kind, chunk] += 1
+        return (kind, mb, chunk)
+
+    def forward(chunk):
+        actions.append(take("F", chunk))
+
+    def backward(chunk, split=False):
+        action = take("B", chunk)
+        if split:
+            pending_w.append(action[1:])
+        actions.append(action)
+
+    def weight():
+        if pending_w:
+            actions.append(("W", *pending_w.pop(0)))
+
+    def pair(f_chunk, b_chunk):  # one forward overlapped with another micro-batch's whole backward
+        actions.append(("F&B", take("F", f_chunk), take("B", b_chunk)))
+
+    for _ in range(2 * (p - r - 1)):  # 1: chunk-0 forwards fill the way down
+        forward(0)
+    for _ in range(r + 1):  # 2: F0 F1, the bottom of the V reached
+        forward(0)
+        forward(1)
+    for _ in range(p - r - 1):  # 3: B1 W1 F1, zero-bubble style
+        backward(1, split=True)
+        weight()
+        forward(1)
+    for i in range(m - 2 * p + r + 1):  # 4: the main step, F0&B1 then F1&B0
+        if i == 0 and r == p - 1:  # not overlapped, to shrink the bubble
+            forward(0)
+            backward(1)
+        else:
+            pair(0, 1)
+        pair(1, 0)
+    for _ in range(p - r - 1):  # 5: B1, F1&B0
+        backward(1)
+        pair(1, 0)
+    split = False
+    for i in range(r + 1):  # 6: B1 B0, the second half split (zero bubble)
+        if i == (r + 1) // 2 and r % 2 == 1:
+            split = True
+        backward(1, split)
+        if i == (r + 1) // 2 and r % 2 == 0:
+            split = True
+        backward(0, split)
+    for _ in range(p - r - 1):  # 7: W, B0
+        weight()
+        backward(0, split)
+    for _ in range(r + 1):  # 8: the remaining Ws
+        weight()
     return actions
     ### END SOLUTION

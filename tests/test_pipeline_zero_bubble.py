@@ -1,0 +1,380 @@
+"""The zero-bubble part of assignment 03, tested directly and against PyTorch (torch 2.13, gloo on CPU).
+
+    .venv/bin/python -m pytest -q tests/test_pipeline_zero_bubble.py
+
+- the split backward (solutions/pipeline_parallel/split_backward.py) against one full backward in float64
+  and against PyTorch's own `stage_backward_input` / `stage_backward_weight`;
+- ZB-H1 and DualPipeV as lists against the order torch EXECUTES (ScheduleInterleavedZeroBubble with one
+  stage per rank, ScheduleDualPipeV; ScheduleZBVZeroBubble and the two-chunk ScheduleInterleavedZeroBubble
+  for the checks' `torch_schedule`), recorded while it runs on gloo, overlapped pairs included; so the
+  checks' oracle (`torch_schedule`, computed by each schedule's `_calculate_single_rank_operations`) is
+  what torch runs, not only what a private helper says;
+- run_pipeline_zb against torch's loss and gradients on the same stages, and against single-process float64;
+- the ZB-H1 bubble formula on the timeline simulator (and where it stops holding), the message streams
+  that need one tag each, the lesson's figures, and the public checks on the reference.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import autograder.checks.pipeline_parallel as checks  # noqa: E402
+from autograder.checks import pipeline_zero_bubble as zb  # noqa: E402
+from autograder.checks.pipeline_schedules import _plain, owner_of, pending_peak, simulate_schedules, stage_of  # noqa: E402,E501
+from autograder.runtime.dist import run_distributed  # noqa: E402
+from solutions.pipeline_parallel.executor_zb import _check_zb_args, run_pipeline_zb  # noqa: E402
+from solutions.pipeline_parallel.schedules import (  # noqa: E402
+    dualpipev_schedule, interleaved_1f1b_schedule, one_f_one_b_schedule, zb_h1_schedule,
+)
+from solutions.pipeline_parallel.split_backward import backward_input, backward_weight  # noqa: E402
+
+
+# ---------------------------------------------------------------------------
+# The split backward
+# ---------------------------------------------------------------------------
+
+def _mlp(seed, bias=True, norm=False):
+    gen = torch.Generator().manual_seed(seed)
+    layers = [nn.Linear(4, 6, bias=bias), nn.Tanh()] + ([nn.LayerNorm(6)] if norm else []) + \
+        [nn.Linear(6, 6, bias=False), nn.Tanh(), nn.Linear(6, 5, bias=bias)]
+    model = nn.Sequential(*layers).double()
+    with torch.no_grad():
+        for q in model.parameters():
+            q.copy_(torch.randn(q.shape, generator=gen, dtype=torch.float64) / 2)
+    return model
+
+
+@pytest.mark.parametrize("where", ["middle", "first", "last"])
+@pytest.mark.parametrize("bias,norm", [(True, False), (False, True)])
+def test_split_backward_equals_full_backward_and_torch(where, bias, norm):
+    """B then W = one full backward (float64) = torch's stage_backward_input then stage_backward_weight."""
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+    gen = torch.Generator().manual_seed(3)
+    x0 = torch.randn(3, 4, generator=gen, dtype=torch.float64)
+    g = torch.randn(3, 5, generator=gen, dtype=torch.float64)
+    t = torch.randn(3, 5, generator=gen, dtype=torch.float64)
+    results = {}
+    for how in ("full", "ours", "torch"):
+        model = _mlp(0, bias, norm)
+        x = x0.clone().requires_grad_(where != "first")
+        y = model(x)
+        if where == "last":
+            y, grad = F.mse_loss(y, t), None
+        else:
+            grad = g
+        inputs = [x] if where != "first" else []
+        if how == "full":
+            torch.autograd.backward(y, grad)
+            dx = [x.grad] if inputs else []
+        elif how == "ours":
+            dx, state = backward_input(y, grad, inputs, list(model.parameters()))
+            assert all(q.grad is None for q in model.parameters())
+            del y
+            backward_weight(state)
+        else:  # torch: input_values of the first stage must still require grad for its param groups
+            if not inputs:
+                continue
+            dx, groups = stage_backward_input([y], None if grad is None else [grad], inputs, model.parameters())
+            stage_backward_weight(model.parameters(), groups)
+            dx = list(dx)
+        results[how] = (dx, [q.grad.clone() for q in model.parameters()])
+    for how in results:
+        for a, b in zip(results[how][0], results["full"][0]):
+            torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-14)
+        for a, b in zip(results[how][1], results["full"][1]):
+            torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-14)
+
+
+def test_split_points_reject_a_parameter_used_twice():
+    from solutions.pipeline_parallel.split_backward import _weight_split_points
+
+    w = nn.Parameter(torch.randn(3, 3, dtype=torch.float64))
+    x = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
+    y = F.linear(torch.tanh(F.linear(x, w)), w)
+    with pytest.raises(ValueError, match="used by 2 operations"):
+        _weight_split_points(y, [w])
+
+
+def test_public_split_checks_pass_on_the_reference_every_case():
+    cases = list(zb._SPLIT_CASES)
+    zb.check_split_backward(backward_input, backward_weight, cases=cases, batch=4, seed=2)
+    zb.check_split_backward_memory(backward_input, backward_weight, cases=cases, batch=4, seed=2)
+
+
+# ---------------------------------------------------------------------------
+# torch's executed order (the oracle of the schedule checks)
+# ---------------------------------------------------------------------------
+
+def _stage(k, h):
+    gen = torch.Generator().manual_seed(100 + k)
+    return checks.TaggedStage(torch.randn(h, h, generator=gen, dtype=torch.float64) / h ** 0.5,
+                              torch.randn(h, generator=gen, dtype=torch.float64))
+
+
+def _data(m, b, h):
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(m * b, h, generator=gen, dtype=torch.float64)
+    y = torch.randn(m * b, h, generator=gen, dtype=torch.float64)
+    for i in range(m):
+        x[i * b:(i + 1) * b, 0] = i
+    return x, y
+
+
+STYLES = {"zb_h1": ("loop", 1), "zb_interleaved": ("loop", 2), "dualpipev": ("v", 2), "zbv": ("v", 2)}
+
+
+def _torch_rank(rank, world_size, name, p, m, b, h):
+    """torch's schedule on PipelineStages; records what it EXECUTES: every forward_one_chunk,
+    backward_one_chunk (input-only or whole), backward_weight_one_chunk, and which ran inside an OVERLAP_F_B."""
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining import schedules as S
+
+    style, v = STYLES[name]
+    group = dist.group.WORLD
+    order, stages, modules = [], [], []
+    for c in range(v):
+        k = stage_of(style, p, rank, c)
+        module = _stage(k, h)
+        stage = PipelineStage(module, k, p * v, torch.device("cpu"), group=group)
+        f, bw, ww = stage.forward_one_chunk, stage.backward_one_chunk, stage.backward_weight_one_chunk
+
+        def forward_one_chunk(mb, *a, _f=f, _c=c, **kw):
+            order.append(("F", mb, _c))
+            return _f(mb, *a, **kw)
+
+        def backward_one_chunk(mb, *a, _b=bw, _c=c, **kw):
+            order.append(("B" if kw.get("full_backward", True) else "I", mb, _c))
+            return _b(mb, *a, **kw)
+
+        def backward_weight_one_chunk(mb, *a, _w=ww, _c=c, **kw):
+            order.append(("W", mb, _c))
+            return _w(mb, *a, **kw)
+
+        stage.forward_one_chunk, stage.backward_one_chunk = forward_one_chunk, backward_one_chunk
+        stage.backward_weight_one_chunk = backward_weight_one_chunk
+        stages.append(stage)
+        modules.append(module)
+    real = S.record_function
+
+    @contextlib.contextmanager
+    def record_function(label):  # the runtime labels each action it runs; a pair's label ends in OVERLAP_F_B
+        if label.endswith("OVERLAP_F_B"):
+            order.append(("pair",))
+        with real(label):
+            yield
+
+    S.record_function = record_function
+    cls = getattr(S, zb._TORCH_CLASSES[name])
+    schedule = cls(stages, m, loss_fn=nn.MSELoss())
+    x, y = _data(m, b, h)
+    first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
+    losses = []
+    kwargs = {"target": y, "losses": losses} if last else {}
+    schedule.step(*((x,) if first else ()), **kwargs)
+    return {"order": order, "loss": sum(t.item() for t in losses) / m if losses else None,
+            "grads": [[q.grad.clone() for q in mod.parameters()] for mod in modules]}
+
+
+def _course_format(order, name):
+    """torch's recorded order -> the course's list: I -> B (a W follows), B -> B (none follows), pairs."""
+    out, i = [], 0
+    while i < len(order):
+        e = order[i]
+        if e[0] == "pair":
+            f, b = order[i + 1], order[i + 2]
+            assert f[0] == "F" and b[0] == "B", (f, b)
+            out.append(("F&B", f, b))
+            i += 3
+            continue
+        out.append(("B" if e[0] == "I" else e[0], e[1], e[2]))
+        i += 1
+    if name == "zb_h1":
+        out = [(a[0], a[1]) for a in out]
+    return out
+
+
+def _ours_rank(rank, world_size, name, p, m, b, h):
+    import torch.distributed as dist
+
+    style, v = STYLES[name]
+    modules = [_stage(stage_of(style, p, rank, c), h) for c in range(v)]
+    x, y = _data(m, b, h)
+    fn = {"zb_h1": zb_h1_schedule, "dualpipev": dualpipev_schedule}.get(name) or zb.torch_schedule_fn(name)
+    schedule = fn(p, rank, m)
+    loss = run_pipeline_zb(modules if v > 1 else modules[0], schedule, list(x.chunk(m)), list(y.chunk(m)),
+                           F.mse_loss, pp_group=dist.group.WORLD, style=style)
+    return {"schedule": schedule, "loss": loss, "grads": [[q.grad.clone() for q in mod.parameters()]
+                                                          for mod in modules]}
+
+
+TORCH_CASES = [("zb_h1", 4, 6), ("zb_h1", 3, 2), ("zb_h1", 2, 4), ("dualpipev", 2, 5), ("dualpipev", 4, 8),
+               ("dualpipev", 3, 7), ("zbv", 2, 4), ("zbv", 3, 6), ("zb_interleaved", 2, 4)]
+TORCH_CASES_MORE = [("zb_h1", 4, 8), ("dualpipev", 2, 4), ("dualpipev", 4, 11), ("zbv", 4, 8), ("zb_interleaved", 3, 6)]
+
+
+@pytest.mark.parametrize("name,p,m", TORCH_CASES + [pytest.param(*c, marks=pytest.mark.exhaustive)
+                                                   for c in TORCH_CASES_MORE])
+def test_torch_executes_the_checks_order_and_our_executor_matches_its_numbers(name, p, m):
+    """What torch RUNS on gloo (recorded) = `torch_schedule` (the checks' oracle) = the course's reference
+    list (ZB-H1, DualPipeV); run_pipeline_zb on that list gives torch's loss and gradients (float64)."""
+    args = (name, p, m, 2, 4)
+    theirs = run_distributed(_torch_rank, p, args=args, timeout=60, check_collectives=False)
+    ours = run_distributed(_ours_rank, p, args=args, timeout=30, check_collectives=False)
+    oracle = zb.torch_schedule(name, p, m)
+    for r in range(p):
+        executed = _course_format(theirs[r]["order"], name)
+        assert executed == oracle[r], (r, executed, oracle[r])
+        assert [tuple(a) for a in ours[r]["schedule"]] == oracle[r], (r, ours[r]["schedule"], oracle[r])
+        for mine, torch_grads in zip(ours[r]["grads"], theirs[r]["grads"]):
+            for a, b in zip(mine, torch_grads):
+                torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    loss_rank = 0 if STYLES[name][0] == "v" else p - 1
+    assert ours[loss_rank]["loss"] == pytest.approx(theirs[loss_rank]["loss"], rel=1e-12)
+    assert all(ours[r]["loss"] is None for r in range(p) if r != loss_rank)
+
+
+def test_course_schedules_equal_torchs_order_over_a_sweep():
+    """The oracle, for many more sizes than torch is run for above: ZB-H1 for p = 1..6, DualPipeV p = 2..6."""
+    for p in range(1, 7):
+        for m in range(1, 14):
+            if m % max(1, m // p) == 0:  # torch's ZB needs m to split into equal rounds
+                assert [zb_h1_schedule(p, s, m) for s in range(p)] == zb.torch_schedule("zb_h1", p, m), (p, m)
+            if p >= 2 and m >= 2 * p:
+                assert [dualpipev_schedule(p, s, m) for s in range(p)] == zb.torch_schedule("dualpipev", p, m), (p, m)
+
+
+# ---------------------------------------------------------------------------
+# The executor against single-process float64, through the public checks
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fn,kw", [
+    (zb_h1_schedule, dict(num_stages=4, num_microbatches=2, dtype=torch.float32)),
+    (zb_h1_schedule, dict(num_stages=3, num_microbatches=5, world_size=4, pp_ranks=[[0, 1, 3]])),
+    (zb_h1_schedule, dict(num_stages=1, num_microbatches=3)),
+    (dualpipev_schedule, dict(num_stages=2, num_microbatches=4, style="v")),
+    (dualpipev_schedule, dict(num_stages=2, num_microbatches=5, style="v", world_size=4, pp_ranks=[[1, 3]])),
+    (dualpipev_schedule, dict(num_stages=4, num_microbatches=10, style="v")),
+    (one_f_one_b_schedule, dict(num_stages=3, num_microbatches=4)),
+    (interleaved_1f1b_schedule, dict(num_stages=2, num_microbatches=4, num_chunks=2)),
+])
+def test_run_pipeline_zb_reference(fn, kw):
+    zb.check_run_pipeline_zb(run_pipeline_zb, fn, **kw)
+
+
+def test_zb_memory_reference():
+    zb.check_pipeline_zb_memory(run_pipeline_zb, zb_h1_schedule, num_stages=4, num_microbatches=7)
+    zb.check_pipeline_zb_memory(run_pipeline_zb, dualpipev_schedule, num_stages=4, num_microbatches=8, style="v")
+
+
+def test_public_schedule_checks_pass_on_the_reference():
+    zb.check_zb_h1_schedule(zb_h1_schedule, cases=[(4, 8), (3, 5), (4, 3), (2, 2), (5, 9), (6, 6), (3, 1),
+                                                       (1, 3)])
+    zb.check_dualpipev_schedule(dualpipev_schedule, cases=[(4, 8), (2, 4), (3, 7), (2, 5), (4, 11), (5, 10),
+                                                               (6, 13)])
+
+
+def test_zb_argument_checks():
+    m = nn.Linear(2, 2)
+    xs = [torch.zeros(1, 2)] * 2
+    chunks, acts, deferred = _check_zb_args([m, m], [("F", 0, 0), ("F&B", ("F", 0, 1), ("B", 0, 1)), ("W", 0, 1),
+                                                     ("B", 0, 0)], xs[:1], xs[:1], "v", 2)
+    assert acts == [("F", 0, 0), ("F", 0, 1), ("B", 0, 1), ("W", 0, 1), ("B", 0, 0)] and deferred == {(0, 1)}
+    for bad, match in [([("W", 0), ("F", 0), ("B", 0)], "before its B"), ([("F", 0), ("B", 0), ("B", 0)], "second"),
+                       ([("F", 0)], "never backwards"), ([("F&B", ("B", 0), ("F", 0))], "forward then a backward")]:
+        with pytest.raises(ValueError, match=match):
+            _check_zb_args(m, bad, xs[:1], xs[:1], "loop", 2)
+    with pytest.raises(ValueError, match="2 chunks"):
+        _check_zb_args(m, [], xs, xs, "v", 2)
+    with pytest.raises(ValueError, match="style"):
+        _check_zb_args(m, [], xs, xs, "w", 2)
+
+
+# ---------------------------------------------------------------------------
+# The bubble, the streams, the lesson's figures
+# ---------------------------------------------------------------------------
+
+def test_zb_h1_bubble_formula_holds_exactly_when_every_w_fits():
+    """04 §6: every rank idles (p - 1)(F + B - 2W) iff W <= F and W <= B - W (m >= p); B = the whole backward."""
+    for p, m in [(2, 2), (3, 3), (4, 4), (4, 7), (5, 9), (6, 6)]:
+        lists = [zb_h1_schedule(p, s, m) for s in range(p)]
+        for f, b_in, w in itertools.product([0.5, 1, 1.5, 2, 3], repeat=3):
+            idle = simulate_schedules(lists, forward=f, backward=b_in + w, weight=w)["idle"]
+            formula = (p - 1) * (f + b_in - w)
+            holds = all(abs(t - formula) < 1e-9 for t in idle)
+            assert holds == (w <= f and w <= b_in), (p, m, f, b_in, w, idle, formula)
+
+
+def test_lesson_figures():
+    """04 §6-7: for p = 4, m = 8, F = 1, B = 2, W = 1: 1F1B 27.3 %, ZB-H1 11.1 %, DualPipeV 5.9 % idle; ZB-H1 holds
+    p micro-batches on every stage, DualPipeV 2p + 1 chunks; 1F1B's stage s holds p - s."""
+    p, m = 4, 8
+    one = [one_f_one_b_schedule(p, s, m) for s in range(p)]
+    zbh1 = [zb_h1_schedule(p, s, m) for s in range(p)]
+    dpv = [dualpipev_schedule(p, s, m) for s in range(p)]
+    assert round(100 * simulate_schedules(one)["idle_fraction"], 1) == 27.3
+    assert round(100 * simulate_schedules(zbh1, weight=1.0)["idle_fraction"], 1) == 11.1
+    assert round(100 * simulate_schedules(dpv, num_chunks=2, style="v", weight=1.0)["idle_fraction"], 1) == 5.9
+    assert [pending_peak(a) for a in zbh1] == [p] * p
+    assert [pending_peak(a) for a in one] == [p - s for s in range(p)]
+    assert [pending_peak(a) for a in dpv] == [2 * p + 1] * p
+
+
+def _streams(lists, p, style, v, tagged):
+    """(src, dst[, stream]) -> messages in posting order, as senders post them and as receivers consume them."""
+    last = p * v - 1
+    sent, received = {}, {}
+    for r, acts in enumerate(lists):
+        for kind, mb, c in _plain(acts):
+            k = stage_of(style, p, r, c)
+            owner = lambda s: owner_of(style, p, s)  # noqa: E731
+            if kind == "F":
+                if k < last and owner(k + 1) != r:
+                    sent.setdefault((r, owner(k + 1), "act" if tagged else ""), []).append(("act", mb, k))
+                if k > 0 and owner(k - 1) != r:
+                    received.setdefault((owner(k - 1), r, "act" if tagged else ""), []).append(("act", mb, k - 1))
+            elif kind == "B":
+                if k > 0 and owner(k - 1) != r:
+                    sent.setdefault((r, owner(k - 1), "grad" if tagged else ""), []).append(("grad", mb, k))
+                if k < last and owner(k + 1) != r:
+                    received.setdefault((owner(k + 1), r, "grad" if tagged else ""), []).append(("grad", mb, k + 1))
+    return sent, received
+
+
+def test_which_schedules_need_a_tag_per_stream():
+    """04 §8: with one tag, gloo matches a rank's messages in posting order, so the orders of the two sides must
+    agree. They do for 1F1B, ZB-H1 and Megatron's interleaving (run_pipeline needs no tag); they do not in the V
+    (DualPipeV, ZBV: p = 3, m = 6 is the lesson's example) nor in torch's interleaved zero-bubble order, and do with
+    one tag per stream, which run_pipeline_zb uses."""
+    def agree(lists, p, style, v, tagged):
+        sent, received = _streams(lists, p, style, v, tagged)
+        return sent == received
+
+    for p, m in [(2, 4), (3, 6), (4, 8), (4, 2)]:
+        assert agree([one_f_one_b_schedule(p, s, m) for s in range(p)], p, "loop", 1, False)
+        assert agree([zb_h1_schedule(p, s, m) for s in range(p)], p, "loop", 1, False)
+    for p, m, v in [(2, 4, 2), (3, 6, 2), (4, 8, 3)]:
+        assert agree([interleaved_1f1b_schedule(p, s, m, v) for s in range(p)], p, "loop", v, False)
+    lists = zb.torch_schedule("zb_interleaved", 2, 4)  # torch's interleaved zero-bubble order at p = 2 needs them too
+    assert not agree(lists, 2, "loop", 2, False) and agree(lists, 2, "loop", 2, True)
+    assert agree(zb.torch_schedule("zb_interleaved", 3, 6), 3, "loop", 2, True)
+    for p, m in [(3, 6), (4, 8), (4, 11)]:
+        lists = [dualpipev_schedule(p, s, m) for s in range(p)]
+        assert not agree(lists, p, "v", 2, False) and agree(lists, p, "v", 2, True), (p, m)
+        lists = zb.torch_schedule("zbv", p, m)
+        assert not agree(lists, p, "v", 2, False) and agree(lists, p, "v", 2, True), (p, m)
+    sent, received = _streams([dualpipev_schedule(3, s, 6) for s in range(3)], 3, "v", 2, False)
+    assert sent[(0, 1, "")][4:6] == [("act", 4, 0), ("grad", 0, 5)]
+    assert received[(0, 1, "")][4:6] == [("grad", 0, 5), ("act", 4, 0)]
