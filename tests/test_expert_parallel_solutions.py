@@ -276,6 +276,34 @@ def test_all_to_all_matches_torch_functional_autograd():
         assert torch.equal(ya, yb) and torch.equal(ga, gb)
 
 
+def functional_all_to_all(input_, *, output_split_sizes, input_split_sizes, group):
+    """A correct all_to_all written with PyTorch's functional collectives: it returns an AsyncCollectiveTensor
+    (the collective may still be in flight), which a check must accept (issue 20: it was refused as "not plain
+    data")."""
+    import torch.distributed._functional_collectives as fc
+
+    size = group.size()
+    outs = _check_split_sizes(output_split_sizes, size, "output_split_sizes")
+    ins = _check_split_sizes(input_split_sizes, size, "input_split_sizes")
+    if sum(ins) != input_.shape[0]:
+        raise ValueError(f"input_split_sizes {ins} sum to {sum(ins)}, but the input has {input_.shape[0]} rows")
+    if size == 1:
+        return input_
+    return fc.all_to_all_single_autograd(input_, outs, ins, group)
+
+
+def test_checks_accept_an_all_to_all_that_returns_an_async_collective_tensor():
+    def probe(rank, world_size):
+        x = torch.randn(4, 3, requires_grad=True)
+        return type(functional_all_to_all(x, output_split_sizes=[2, 2], input_split_sizes=[2, 2],
+                                          group=dist.group.WORLD)).__name__
+
+    assert run_distributed(probe, 2) == ["AsyncCollectiveTensor"] * 2  # what the check must cope with
+    checks.check_all_to_all(functional_all_to_all, world_size=2)
+    checks.check_all_to_all(functional_all_to_all, world_size=4, pattern="receive_nothing", seed=1)
+    checks.check_all_to_all(functional_all_to_all, world_size=4, ep_size=2, dtype=torch.float32, seed=2)
+
+
 # ---------------------------------------------------------------------------
 # The public checks on cases the notebook does not use
 # ---------------------------------------------------------------------------

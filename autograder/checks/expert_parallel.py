@@ -52,7 +52,20 @@ _INT_DTYPES = ("int64", "int32")
 # ---------------------------------------------------------------------------
 
 def _cpu(t):
-    return t.detach().cpu() if isinstance(t, torch.Tensor) else t
+    """What a rank sends back of a tensor: plain data on the CPU.
+
+    The functional collectives (`torch.distributed._functional_collectives`,
+    e.g. `all_to_all_single_autograd`) return an `AsyncCollectiveTensor`: the
+    result of a collective that may still be in flight. Its `wait()` gives the
+    plain tensor (what any further op on it would do implicitly); a rank can only
+    send back plain tensors, so it is waited here instead of being refused.
+    """
+    if not isinstance(t, torch.Tensor):
+        return t
+    t = t.detach()
+    if type(t) is not torch.Tensor and callable(getattr(t, "wait", None)):
+        t = t.wait()  # AsyncCollectiveTensor -> torch.Tensor
+    return t.cpu()
 
 
 def _compute_dtype(dtype):
