@@ -252,7 +252,7 @@ def build() -> NotebookBuilder:
     nb.test("test_all_to_all", 9,
             doc="all_to_all: uneven and empty blocks, the gradient, one all-to-all forward and its mirror backward.",
             visible="""
-    check_all_to_all(all_to_all, world_size=2)
+    check_all_to_all(all_to_all, world_size=3)
     """, hidden="""
     check_all_to_all(all_to_all, world_size=4, pattern="receive_nothing", seed=1)
     check_all_to_all(all_to_all, world_size=4, ep_size=2, dtype=torch.float32, hidden=5, seed=2)
@@ -307,7 +307,7 @@ def build() -> NotebookBuilder:
     nb.test("test_dispatch", 12,
             doc="dispatch: each rank's rows (local expert, source rank, token order), counts, counts-then-tokens comm.",
             visible="""
-    check_dispatch(AllToAllTokenDispatcher, world_size=2, num_experts=4, num_tokens=12, k=2)
+    check_dispatch(AllToAllTokenDispatcher, world_size=4, num_experts=8, num_tokens=12, k=2)
     """, hidden="""
     check_dispatch(AllToAllTokenDispatcher, world_size=4, num_experts=8, num_tokens=50, k=2, pattern="starve_rank", seed=1)
     check_dispatch(AllToAllTokenDispatcher, world_size=4, ep_size=2, num_experts=4, num_tokens=50, k=2,
@@ -319,7 +319,7 @@ def build() -> NotebookBuilder:
     nb.test("test_combine", 10,
             doc="combine: the round trip (probs = 1 gives x * k), the probability weighting, gradients of x and probs.",
             visible="""
-    check_combine(AllToAllTokenDispatcher, world_size=2, num_experts=4, num_tokens=12, k=2)
+    check_combine(AllToAllTokenDispatcher, world_size=4, num_experts=8, num_tokens=12, k=2)
     """, hidden="""
     check_combine(AllToAllTokenDispatcher, world_size=4, num_experts=8, num_tokens=16, k=2, pattern="dropped",
                   dtype=torch.float32, seed=1)
@@ -330,7 +330,7 @@ def build() -> NotebookBuilder:
     nb.test("test_dispatcher_communication", 8,
             doc="Counts exchanged once; each float all-to-all of forward mirrored in backward with its splits swapped.",
             visible="""
-    check_dispatcher_communication(AllToAllTokenDispatcher, world_size=2, num_experts=4, num_tokens=12, k=2)
+    check_dispatcher_communication(AllToAllTokenDispatcher, world_size=4, num_experts=8, num_tokens=12, k=2)
     """, hidden="""
     check_dispatcher_communication(AllToAllTokenDispatcher, world_size=4, num_experts=8, num_tokens=16, k=2,
                                    pattern="one_way", seed=1)
@@ -376,9 +376,13 @@ def build() -> NotebookBuilder:
             doc="Each expert keeps its ceil(T k / E cf) highest-probability tokens (earlier on ties), no renormalising.",
             visible="""
     check_token_dropping(apply_router_token_dropping, num_tokens=12, num_experts=4, k=2, capacity_factor=1.0)
+    check_token_dropping(apply_router_token_dropping, num_tokens=20, num_experts=4, k=2, capacity_factor=1.0,
+                         ties=True, seed=5)
     """, hidden="""
     check_token_dropping(apply_router_token_dropping, num_tokens=18, num_experts=4, k=2,
-                         capacity_factor=0.5, ties=True, seed=1)
+                         capacity_factor=0.5, ties=True, seed=4)
+    check_token_dropping(apply_router_token_dropping, num_tokens=24, num_experts=6, k=2, capacity_factor=1.0,
+                         ties=True, dtype=torch.float32, seed=3)
     check_token_dropping(apply_router_token_dropping, num_tokens=20, num_experts=8, k=2, capacity_factor=1.25,
                          dtype=torch.float32, seed=2)
     check_token_dropping(apply_router_token_dropping, num_tokens=15, num_experts=3, k=1, capacity_factor=1.5, seed=3)
@@ -424,7 +428,8 @@ def build() -> NotebookBuilder:
     nb.test("test_moe_layer", 14,
             doc="MoELayer equals a dense MoE: output, aux loss, input/expert/router gradients, and its communication.",
             visible="""
-    check_moe_layer(MoELayer, world_size=2, num_experts=4, k=2, num_tokens=12)
+    check_moe_layer(MoELayer, world_size=4, num_experts=8, k=2, num_tokens=12)
+    check_moe_layer(MoELayer, world_size=4, ep_size=2, num_experts=6, k=2, num_tokens=10, seed=6)
     """, hidden="""
     check_moe_layer(MoELayer, world_size=4, num_experts=8, k=2, num_tokens=12, pattern="starve_rank", seed=1)
     check_moe_layer(MoELayer, world_size=2, num_experts=4, k=1, num_tokens=10, pattern="starve_expert", seed=2)
@@ -436,7 +441,7 @@ def build() -> NotebookBuilder:
     nb.test("test_moe_capacity", 8,
             doc="MoELayer with a capacity factor: the lowest-probability tokens dropped, aux loss counted before drops.",
             visible="""
-    check_moe_layer(MoELayer, world_size=2, num_experts=4, k=2, num_tokens=12, capacity_factor=1.0)
+    check_moe_layer(MoELayer, world_size=4, ep_size=2, num_experts=6, k=2, num_tokens=12, capacity_factor=1.0)
     """, hidden="""
     check_moe_layer(MoELayer, world_size=4, num_experts=8, k=2, num_tokens=16, capacity_factor=0.75, seed=1)
     check_moe_layer(MoELayer, world_size=2, num_experts=4, k=1, num_tokens=12, capacity_factor=1.5, seed=2)

@@ -1188,30 +1188,69 @@ def _drop_program(rank, world_size, apply_router_token_dropping, probs, routing_
     return out
 
 
+def _cut(values: list[float], keep: int, eps: float) -> str:
+    """How the `keep` largest of `values` are cut from the rest: "clean" (a gap above eps), "tie" (exactly
+    equal values straddle the cut, every other value more than eps away from them), or "near" (values
+    within eps but not equal: float32 rounding could reorder them)."""
+    if keep <= 0 or keep >= len(values):
+        return "clean"
+    v = sorted(values, reverse=True)
+    at = v[keep - 1]
+    close = [x for x in v if abs(x - at) <= eps]
+    if len(close) == 1 or (v[keep] != at and all(x == at for x in close)):
+        return "clean" if v[keep - 1] - v[keep] > eps else "near"
+    return "tie" if all(x == at for x in close) else "near"
+
+
+def _dropping_case(gen, num_tokens, num_experts, k, limit, ties):
+    """Logits whose routing has no near-tie anywhere (top-k or capacity cut), and with `ties` an exact tie
+    across the capacity cut of at least one expert: a later token repeats the logits of the last token an
+    expert keeps, so the two have bit-identical probabilities on both sides of the cut (in any dtype)."""
+    for _ in range(500):
+        logits = torch.randn(num_tokens, num_experts, generator=gen, dtype=torch.float64) * 2
+        if ties:
+            selected = _ref_topk(logits, k)
+            probs64 = _ref_probs(logits, selected).tolist()
+            e = int(torch.randint(num_experts, (), generator=gen))
+            ranked = sorted((t for t in range(num_tokens) if e in selected[t]), key=lambda t: (-probs64[t][e], t))
+            if len(ranked) <= limit:
+                continue
+            last_kept = ranked[limit - 1]
+            later = [t for t in range(last_kept + 1, num_tokens) if t not in ranked[:limit]]
+            if not later:
+                continue
+            logits[later[int(torch.randint(len(later), (), generator=gen))]] = logits[last_kept]
+        if not all(_gaps_ok(row, k, 1e-3) for row in logits.tolist()):
+            continue
+        selected = _ref_topk(logits, k)
+        routing_map = _map_from(selected, num_tokens, num_experts)
+        probs64 = _ref_probs(logits, selected)
+        cuts = [_cut([p for p, m in zip(col, mc) if m], limit, 1e-4)
+                for col, mc in zip(probs64.t().tolist(), routing_map.t().tolist())]
+        if "near" not in cuts and (("tie" in cuts) == ties):
+            return routing_map, probs64, [e for e, c in enumerate(cuts) if c == "tie"]
+    raise RuntimeError("could not draw a routing with the requested capacity cut")
+
+
 def check_token_dropping(apply_router_token_dropping, *, num_tokens: int = 12, num_experts: int = 4, k: int = 2,
                          capacity_factor: float = 1.0, dtype=torch.float64, seed: int = 0,
                          ties: bool = False, timeout: float = _TIMEOUT) -> None:
     """`apply_router_token_dropping(probs, routing_map, k=k, capacity_factor=cf)` -> `(probs * kept, kept)`.
 
-    Each expert keeps its `ceil(T k / E cf)` highest-probability tokens (the
-    earlier token among equal probabilities: `ties=True` repeats tokens, so
-    their probabilities are exactly equal; otherwise no probabilities are near
-    a tie at the capacity boundary); kept probabilities are not renormalised;
-    the gradient reaches `probs` only where kept.
+    Each expert keeps its `ceil(T k / E cf)` highest-probability tokens, the
+    earlier token among equal probabilities. With `ties=True` at least one
+    expert has an exact tie across its capacity cut: a later token repeats the
+    logits of the last token the expert keeps, so their probabilities are
+    bit-identical in any dtype, one kept and one dropped (a sort that is not
+    stable, or `torch.topk`, may keep the later one; more than 16 tokens make
+    CPU sorts leave their insertion sort). Otherwise, and everywhere else, no
+    two probabilities are within 1e-4 of each other across a cut, so rounding
+    cannot reorder them. Kept probabilities are not renormalised; the gradient
+    reaches `probs` only where kept.
     """
     gen = torch.Generator().manual_seed(seed)
     limit = math.ceil(num_tokens * k / num_experts * capacity_factor)  # what each expert keeps
-    for _ in range(200):
-        logits = torch.randn(num_tokens, num_experts, generator=gen, dtype=torch.float64) * 2
-        if ties:
-            logits[1::3] = logits[0::3][:len(logits[1::3])]  # token 3i+1 repeats token 3i
-        selected = _ref_topk(logits, k)
-        routing_map = _map_from(selected, num_tokens, num_experts)
-        probs64 = _ref_probs(logits, selected)
-        margins = all(_gaps_ok([p for p, m in zip(col, mc) if m], limit, 1e-6) or ties
-                      for col, mc in zip(probs64.t().tolist(), routing_map.t().tolist()))
-        if margins and all(_gaps_ok(row, k, 1e-3) for row in logits.tolist()):
-            break
+    routing_map, probs64, tied = _dropping_case(gen, num_tokens, num_experts, k, limit, ties)
     ctx = (f"apply_router_token_dropping(probs [{num_tokens}, {num_experts}] {dtype_name(dtype)}, k={k}, "
            f"capacity_factor={capacity_factor}): capacity {limit} per expert")
     g = torch.randn(num_tokens, num_experts, generator=gen, dtype=torch.float64).to(dtype)
@@ -1226,7 +1265,9 @@ def check_token_dropping(apply_router_token_dropping, *, num_tokens: int = 12, n
         raise CheckFailure(
             f"{ctx}: expert {e} keeps tokens {kept[:, e].nonzero().flatten().tolist()}, expected "
             f"{want[:, e].nonzero().flatten().tolist()}. Its candidates (token, probability): {cand}: keep the "
-            f"{limit} highest probabilities, the earlier token among equal ones.")
+            f"{limit} highest probabilities, the earlier token among equal ones"
+            + (" (this expert has an exact tie across its cut: sort with stable=True; torch.topk's order among "
+               "equal values is undefined)." if e in tied else "."))
     _check_tensor(out_probs, f"{ctx}: probs", tuple(probs64.shape), dtype=dtype)
     if not res["requires_grad"]:
         raise CheckFailure(f"{ctx}: the returned probs do not require grad: the router would get no gradient "

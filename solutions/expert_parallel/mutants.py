@@ -134,6 +134,32 @@ MUTANTS = [
         why="local experts chosen by the global rank: wrong on an EP group that is a subgroup",
     ),
     mutant(
+        "capacity_unstable_sort", "token_dropping",
+        [("descending=True, stable=True", "descending=True, stable=False")],
+        must_fail={"test_token_dropping"},
+        why="an unstable sort: among equal probabilities across the capacity cut the later token may be kept",
+    ),
+    mutant(
+        "capacity_topk", "token_dropping",
+        [("    order = torch.sort(scores, dim=0, descending=True, stable=True).indices  # [T, E]: token at each position\n"
+          "    position = torch.empty_like(order).scatter_(\n"
+          "        0, order, torch.arange(num_tokens, device=order.device).unsqueeze(1).expand(num_tokens, num_experts))\n"
+          "    kept = routing_map & (position < capacity)  # [T, E]\n",
+          "    top = torch.topk(scores, k=min(capacity, num_tokens), dim=0, sorted=False).indices  # Megatron's way\n"
+          "    kept = routing_map & torch.zeros_like(routing_map).scatter(0, top, True)  # [T, E]\n")],
+        must_fail={"test_token_dropping"},
+        why="torch.topk over each expert's column, as Megatron: which of two equal probabilities it keeps is undefined",
+    ),
+    mutant(
+        "dispatch_chunk_order_transposed", "dispatcher",
+        [("to_expert_major = torch.arange(w * local).view(w, local).t()",
+          "to_expert_major = torch.arange(w * local).view(local, w).t()"),
+         ("to_source_major = torch.arange(local * w).view(local, w).t()",
+          "to_source_major = torch.arange(local * w).view(w, local).t()")],
+        must_fail={"test_dispatch", "test_combine", *LAYER_CELLS},
+        why="the local expert order with the chunk grid's dimensions swapped: right only when w == E/w",
+    ),
+    mutant(
         "a2a_no_split_check", "all_to_all",
         [("    if sum(input_split_sizes) != input_.shape[0]:\n", "    if False:\n")],
         must_fail={"test_argument_errors"},
