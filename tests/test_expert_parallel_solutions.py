@@ -11,7 +11,11 @@
   checks cannot pass all three;
 - the public checks on cases the notebook does not use (world size 3);
 - the AllToAllGuard: split sizes that disagree across ranks, and a rank that
-  skips an all-to-all, fail with a clear message instead of garbage or a hang.
+  skips an all-to-all, fail with a clear message instead of garbage or a hang;
+- exercise 7: the overlapped layer equals the plain one; its checks accept
+  another correct schedule (other half first, experts recomputed in backward)
+  and fail a correct but sequential one on the overlap alone; the ledger
+  attributes each wait to its all-to-all.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import autograder.checks.expert_parallel as checks  # noqa: E402
+import autograder.checks.expert_parallel_overlap as checks_overlap  # noqa: E402
 from autograder.runtime.compare import CheckFailure  # noqa: E402
 from autograder.runtime.dist import DistributedError, run_distributed  # noqa: E402
 from autograder.runtime.ledger import CommLedger  # noqa: E402
@@ -37,6 +42,7 @@ from solutions.expert_parallel.routing import (  # noqa: E402
     run_local_experts, sort_chunks_by_idxs, topk_router, unpermute,
 )
 from solutions.expert_parallel.layers import AllToAllTokenDispatcher, MoELayer, apply_router_token_dropping  # noqa: E402
+from solutions.expert_parallel.overlap import OverlappedMoELayer, experts_on_received, post_all_to_all  # noqa: E402
 
 
 def _megatron_moe_utils():
@@ -276,6 +282,34 @@ def test_all_to_all_matches_torch_functional_autograd():
         assert torch.equal(ya, yb) and torch.equal(ga, gb)
 
 
+def functional_all_to_all(input_, *, output_split_sizes, input_split_sizes, group):
+    """A correct all_to_all written with PyTorch's functional collectives: it returns an AsyncCollectiveTensor
+    (the collective may still be in flight), which a check must accept (issue 20: it was refused as "not plain
+    data")."""
+    import torch.distributed._functional_collectives as fc
+
+    size = group.size()
+    outs = _check_split_sizes(output_split_sizes, size, "output_split_sizes")
+    ins = _check_split_sizes(input_split_sizes, size, "input_split_sizes")
+    if sum(ins) != input_.shape[0]:
+        raise ValueError(f"input_split_sizes {ins} sum to {sum(ins)}, but the input has {input_.shape[0]} rows")
+    if size == 1:
+        return input_
+    return fc.all_to_all_single_autograd(input_, outs, ins, group)
+
+
+def test_checks_accept_an_all_to_all_that_returns_an_async_collective_tensor():
+    def probe(rank, world_size):
+        x = torch.randn(4, 3, requires_grad=True)
+        return type(functional_all_to_all(x, output_split_sizes=[2, 2], input_split_sizes=[2, 2],
+                                          group=dist.group.WORLD)).__name__
+
+    assert run_distributed(probe, 2) == ["AsyncCollectiveTensor"] * 2  # what the check must cope with
+    checks.check_all_to_all(functional_all_to_all, world_size=2)
+    checks.check_all_to_all(functional_all_to_all, world_size=4, pattern="receive_nothing", seed=1)
+    checks.check_all_to_all(functional_all_to_all, world_size=4, ep_size=2, dtype=torch.float32, seed=2)
+
+
 # ---------------------------------------------------------------------------
 # The public checks on cases the notebook does not use
 # ---------------------------------------------------------------------------
@@ -393,3 +427,149 @@ def test_checks_accept_a_megatron_style_dispatcher():
 
     checks.check_moe_layer(Layer, world_size=2, num_experts=4, k=2, num_tokens=12)
     checks.check_moe_layer(Layer, world_size=2, num_experts=4, k=2, num_tokens=12, capacity_factor=1.0)
+
+
+# ---------------------------------------------------------------------------
+# Exercise 7: the overlapped layer, its checks, and the ledger they read
+# ---------------------------------------------------------------------------
+
+def _two_layers(rank, world_size, num_tokens, capacity_factor):
+    gen = torch.Generator().manual_seed(11)
+    hidden, ffn, num_experts = 5, 7, 2 * world_size
+    wr = torch.randn(num_experts, hidden, generator=gen, dtype=torch.float64)
+    experts = [(torch.randn(ffn, hidden, generator=gen, dtype=torch.float64),
+                torch.randn(hidden, ffn, generator=gen, dtype=torch.float64)) for _ in range(num_experts)]
+    xs = [torch.randn(num_tokens, hidden, generator=gen, dtype=torch.float64) for _ in range(world_size)]
+    gs = [torch.randn(num_tokens, hidden, generator=gen, dtype=torch.float64) for _ in range(world_size)]
+    out = []
+    for cls in (MoELayer, OverlappedMoELayer):
+        layer = cls(hidden, ffn, num_experts, k=2, ep_group=dist.group.WORLD, master_router_weight=wr,
+                    master_expert_weights=experts, capacity_factor=capacity_factor)
+        x = xs[rank].clone().requires_grad_()
+        y, aux = layer(x)
+        ((y * gs[rank]).sum() + aux).backward()
+        out.append([y.detach(), aux.detach(), x.grad, layer.router.weight.grad]
+                   + [p.grad for p in layer.local_experts.parameters()])
+    return out
+
+
+@pytest.mark.parametrize("world_size, num_tokens, capacity_factor", [(2, 12, None), (3, 9, 1.0), (2, 1, None)])
+def test_overlapped_layer_equals_the_plain_layer(world_size, num_tokens, capacity_factor):
+    """Directly against MoELayer (no check in between): output, aux loss and every gradient; an odd T, one token
+    (an empty half) and a capacity factor."""
+    for plain, overlapped in run_distributed(_two_layers, world_size, args=(num_tokens, capacity_factor)):
+        for a, b in zip(plain, overlapped):
+            torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12)
+
+
+def test_overlap_checks_pass_the_reference_on_three_ranks():
+    checks_overlap.check_overlapped_moe_layer(OverlappedMoELayer, world_size=3, num_experts=6, num_tokens=9, seed=7)
+    checks_overlap.check_moe_overlap(OverlappedMoELayer, world_size=3, num_experts=6, num_tokens=13, seed=7)
+
+
+class SequentialHalves(MoELayer):
+    """Each half through the plain dispatcher, one after the other: right numbers and each half's own
+    all-to-alls, but every all-to-all synchronous, so nothing overlaps."""
+
+    def __init__(self, *args, ep_group, **kwargs):
+        super().__init__(*args, ep_group=ep_group, **kwargs)
+        self.group = ep_group
+
+    def forward(self, hidden_states):
+        logits = self.router(hidden_states)
+        probs, routing_map = topk_router(logits, k=self.k)
+        aux = load_balancing_loss(logits, routing_map, k=self.k)
+        if self.capacity_factor is not None:
+            probs, routing_map = apply_router_token_dropping(probs, routing_map, k=self.k,
+                                                             capacity_factor=self.capacity_factor)
+        outs = []
+        for x, p, m in zip(hidden_states.tensor_split(2), probs.tensor_split(2), routing_map.tensor_split(2)):
+            dispatcher = AllToAllTokenDispatcher(routing_map.shape[1], ep_group=self.group)
+            rows, per_expert = dispatcher.dispatch(x, p, m)
+            outs.append(dispatcher.combine(run_local_experts(self.local_experts, rows, per_expert)))
+        return torch.cat(outs), aux
+
+
+def test_sequential_halves_compute_right_and_lose_only_the_overlap():
+    checks_overlap.check_overlapped_moe_layer(SequentialHalves, world_size=4, num_experts=8, num_tokens=12)
+    with pytest.raises(CheckFailure, match=r"half 1.s dispatch all-to-all \(#\d+\) was synchronous: it returned only once"):
+        checks_overlap.check_moe_overlap(SequentialHalves, world_size=4, num_experts=8, num_tokens=12)
+    with pytest.raises(CheckFailure, match="expected in forward, besides the integer counts"):
+        checks_overlap.check_overlapped_moe_layer(MoELayer, world_size=2)  # one dispatch for all tokens
+
+
+class _RecomputingExperts(torch.autograd.Function):
+    """Another correct schedule: half 1 first in forward, half 0 first in backward, and the experts' forward
+    recomputed in backward (nothing but the received rows kept), as activation recomputation would."""
+
+    @staticmethod
+    def forward(ctx, local_experts, plans, *rows):
+        group = plans[0]["group"]
+        sent = {j: post_all_to_all(rows[j], output_split_sizes=plans[j]["recv"], input_split_sizes=plans[j]["send"],
+                                   group=group) for j in (1, 0)}
+        back = {}
+        for j in (1, 0):
+            received, work = sent[j]
+            if work is not None:
+                work.wait()
+            out = experts_on_received(local_experts, received, plans[j])  # no graph: recomputed in backward
+            back[j] = post_all_to_all(out, output_split_sizes=plans[j]["send"], input_split_sizes=plans[j]["recv"],
+                                      group=group)
+        for j in (1, 0):
+            if back[j][1] is not None:
+                back[j][1].wait()
+        ctx.local_experts, ctx.plans, ctx.received = local_experts, plans, [sent[0][0], sent[1][0]]
+        return back[0][0], back[1][0]
+
+    @staticmethod
+    def backward(ctx, *grads):
+        plans, group = ctx.plans, ctx.plans[0]["group"]
+        arrived = {j: post_all_to_all(grads[j].contiguous(), output_split_sizes=plans[j]["recv"],
+                                      input_split_sizes=plans[j]["send"], group=group) for j in (0, 1)}
+        home = {}
+        for j in (0, 1):
+            grad, work = arrived[j]
+            if work is not None:
+                work.wait()
+            leaf = ctx.received[j].detach().requires_grad_()
+            with torch.enable_grad():
+                out = experts_on_received(ctx.local_experts, leaf, plans[j])
+            out.backward(grad)
+            home[j] = post_all_to_all(leaf.grad, output_split_sizes=plans[j]["send"],
+                                      input_split_sizes=plans[j]["recv"], group=group)
+        for j in (0, 1):
+            if home[j][1] is not None:
+                home[j][1].wait()
+        return None, None, home[0][0], home[1][0]
+
+
+def test_overlap_checks_accept_another_correct_schedule(monkeypatch):
+    import solutions.expert_parallel.overlap as overlap
+
+    monkeypatch.setattr(overlap, "_OverlappedExperts", _RecomputingExperts)  # forked ranks inherit the patch
+    checks_overlap.check_overlapped_moe_layer(OverlappedMoELayer, world_size=4, num_experts=8, num_tokens=12)
+    checks_overlap.check_moe_overlap(OverlappedMoELayer, world_size=4, num_experts=8, num_tokens=12)
+    checks_overlap.check_moe_overlap(OverlappedMoELayer, world_size=2, num_experts=4, num_tokens=11, seed=1)
+
+
+def _waits_out_of_order(rank, world_size):
+    ledger = checks_overlap._OverlapLedger()
+    with ledger:
+        x = torch.full((4, 2), float(rank))
+        dist.all_to_all_single(torch.empty(4, 2), x)  # synchronous: its internal wait is not recorded
+        first = dist.all_to_all_single(torch.empty(4, 2), x, async_op=True)
+        second = dist.all_to_all_single(torch.empty(4, 2), x, async_op=True)
+        ledger.mark("compute", 0, 0, 4, None)
+        second.wait()
+        first.wait()
+        dist.all_reduce(torch.ones(1), async_op=True).wait()  # another op's Work
+    return [(r.op, r.seq) for r in ledger.records], ledger.waited, ledger.marks
+
+
+def test_overlap_ledger_knows_which_all_to_all_a_wait_is_for():
+    records, waited, marks = run_distributed(_waits_out_of_order, 2)[0]
+    a2a = [seq for op, seq in records if op == "all_to_all"]
+    waits = [seq for op, seq in records if op == "wait"]
+    assert len(a2a) == 3 and len(waits) == 3  # the synchronous call's own wait is not one of them
+    assert [waited[w] for w in waits] == [a2a[2], a2a[1], None]
+    assert marks[0]["seq"] == a2a[2] + 1 and marks[0]["phase"] == "forward"

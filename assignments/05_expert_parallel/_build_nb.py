@@ -3,9 +3,10 @@
     .venv/bin/python assignments/05_expert_parallel/_build_nb.py
     .venv/bin/nbgrader generate_assignment 05_expert_parallel --force
 
-Answer cells are cut from solutions/expert_parallel/ (routing.py and
-layers.py: one source of truth); test cells call the
-public checks in autograder/checks/expert_parallel.py, with hidden cases.
+Answer cells are cut from solutions/expert_parallel/ (routing.py, layers.py
+and overlap.py: one source of truth); test cells call the public checks in
+autograder/checks/expert_parallel.py and expert_parallel_overlap.py, with
+hidden cases.
 """
 
 import os
@@ -17,6 +18,7 @@ sys.path.insert(0, ROOT)
 from autograder.authoring.nbbuild import NotebookBuilder, source_of  # noqa: E402
 from solutions.expert_parallel import routing as ep  # noqa: E402
 from solutions.expert_parallel import layers  # noqa: E402
+from solutions.expert_parallel import overlap  # noqa: E402
 
 ASSIGNMENT = "05_expert_parallel"
 LESSON = "../../assignments/05_expert_parallel"
@@ -42,13 +44,15 @@ def build() -> NotebookBuilder:
     3. `all_to_all`: the differentiable all-to-all with split sizes (its backward is itself, splits swapped);
     4. `AllToAllTokenDispatcher`: counts, tokens, local expert order, and back (`dispatch` / `combine`);
     5. `apply_router_token_dropping`: a capacity factor, dropping the lowest-probability tokens;
-    6. `MoELayer`: router -> dispatch -> experts -> combine, checked against a dense single-process MoE.
+    6. `MoELayer`: router -> dispatch -> experts -> combine, checked against a dense single-process MoE;
+    7. `OverlappedMoELayer`: the same layer on two halves of the tokens, each half's all-to-alls in flight while
+       the other half's experts compute, in forward and in backward (DeepSeek-V3's two micro-batches).
 
     Read first: the lesson [README.md]({LESSON}/README.md) ([the course overview](../../assignments/README.md)
     puts it beside the other dimensions). Deep dives:
     [01_routing.md]({LESSON}/01_routing.md) (exercises 1, 5),
     [02_dispatcher.md]({LESSON}/02_dispatcher.md) (exercises 2-4, 6),
-    [03_overlap.md]({LESSON}/03_overlap.md) (why production code launches these all-to-alls asynchronously).
+    [03_overlap.md]({LESSON}/03_overlap.md) (exercise 7: hiding the all-to-alls behind the other half's experts).
 
     Conventions. Tokens are flattened to `[T, h]`; a routing map is a bool
     `[T, E]`; rank r of an EP group of w ranks holds experts
@@ -86,6 +90,9 @@ def build() -> NotebookBuilder:
         AllToAllGuard, check_topk_router, check_load_balancing_loss, check_permute, check_unpermute,
         check_exchange_token_counts, check_all_to_all, check_argument_errors, check_dispatch, check_combine,
         check_dispatcher_communication, check_token_dropping, check_moe_layer, plot_dispatch,
+    )
+    from autograder.checks.expert_parallel_overlap import (
+        check_overlapped_moe_layer, check_moe_overlap, print_overlap_timeline,
     )
     """)
     nb.markdown("""
@@ -126,7 +133,7 @@ def build() -> NotebookBuilder:
     [01_routing.md](../../assignments/05_expert_parallel/01_routing.md).
     """)
     nb.solution_from("router", ep, "topk_router", "load_balancing_loss")
-    nb.test("test_topk_router", 8,
+    nb.test("test_topk_router", 7,
             doc="topk_router: the k largest logits (ties to the lower index), softmax over them, its gradient.",
             visible="""
     check_topk_router(topk_router, num_tokens=8, num_experts=4, k=2)
@@ -136,7 +143,7 @@ def build() -> NotebookBuilder:
     check_topk_router(topk_router, num_tokens=10, num_experts=8, k=3, ties=True, seed=3)
     check_topk_router(topk_router, num_tokens=9, num_experts=6, k=2, dtype=torch.float32, seed=4)
     """)
-    nb.test("test_load_balancing_loss", 6,
+    nb.test("test_load_balancing_loss", 5,
             doc="load_balancing_loss: E / (k T^2) sum_i P_i count_i over the given routing map, and its gradient.",
             visible="""
     check_load_balancing_loss(load_balancing_loss, num_tokens=8, num_experts=4, k=2)
@@ -174,7 +181,7 @@ def build() -> NotebookBuilder:
     [02_dispatcher.md](../../assignments/05_expert_parallel/02_dispatcher.md).
     """)
     nb.solution_from("permutation", ep, "permute", "unpermute")
-    nb.test("test_permute", 7,
+    nb.test("test_permute", 6,
             doc="permute: rows grouped by expert, tokens in order within an expert (stable), and the gradient.",
             visible="""
     check_permute(permute, num_tokens=50, num_experts=4, k=2, hidden=3)
@@ -182,7 +189,7 @@ def build() -> NotebookBuilder:
     check_permute(permute, num_tokens=40, num_experts=8, k=3, hidden=2, drop=0.3, dtype=torch.float32, seed=1)
     check_permute(permute, num_tokens=100, num_experts=3, k=1, hidden=4, seed=2)
     """)
-    nb.test("test_unpermute", 7,
+    nb.test("test_unpermute", 6,
             doc="unpermute: each token sums its rows weighted by probs (or not); gradients of rows and probs.",
             visible="""
     check_unpermute(unpermute, num_tokens=50, num_experts=4, k=2, hidden=3)
@@ -249,10 +256,10 @@ def build() -> NotebookBuilder:
     backward.
     """)
     nb.solution_from("all_to_all", ep, "_AllToAll", "all_to_all")
-    nb.test("test_all_to_all", 9,
+    nb.test("test_all_to_all", 8,
             doc="all_to_all: uneven and empty blocks, the gradient, one all-to-all forward and its mirror backward.",
             visible="""
-    check_all_to_all(all_to_all, world_size=2)
+    check_all_to_all(all_to_all, world_size=3)
     """, hidden="""
     check_all_to_all(all_to_all, world_size=4, pattern="receive_nothing", seed=1)
     check_all_to_all(all_to_all, world_size=4, ep_size=2, dtype=torch.float32, hidden=5, seed=2)
@@ -304,10 +311,10 @@ def build() -> NotebookBuilder:
     figures: [02_dispatcher.md](../../assignments/05_expert_parallel/02_dispatcher.md).
     """)
     nb.solution_from("dispatcher", layers, "AllToAllTokenDispatcher")
-    nb.test("test_dispatch", 12,
+    nb.test("test_dispatch", 10,
             doc="dispatch: each rank's rows (local expert, source rank, token order), counts, counts-then-tokens comm.",
             visible="""
-    check_dispatch(AllToAllTokenDispatcher, world_size=2, num_experts=4, num_tokens=12, k=2)
+    check_dispatch(AllToAllTokenDispatcher, world_size=4, num_experts=8, num_tokens=12, k=2)
     """, hidden="""
     check_dispatch(AllToAllTokenDispatcher, world_size=4, num_experts=8, num_tokens=50, k=2, pattern="starve_rank", seed=1)
     check_dispatch(AllToAllTokenDispatcher, world_size=4, ep_size=2, num_experts=4, num_tokens=50, k=2,
@@ -316,10 +323,10 @@ def build() -> NotebookBuilder:
     check_dispatch(AllToAllTokenDispatcher, world_size=2, num_experts=4, num_tokens=10, k=3, pattern="dropped", seed=4)
     check_dispatch(AllToAllTokenDispatcher, world_size=1, num_experts=3, num_tokens=7, k=2, seed=5)
     """)
-    nb.test("test_combine", 10,
+    nb.test("test_combine", 8,
             doc="combine: the round trip (probs = 1 gives x * k), the probability weighting, gradients of x and probs.",
             visible="""
-    check_combine(AllToAllTokenDispatcher, world_size=2, num_experts=4, num_tokens=12, k=2)
+    check_combine(AllToAllTokenDispatcher, world_size=4, num_experts=8, num_tokens=12, k=2)
     """, hidden="""
     check_combine(AllToAllTokenDispatcher, world_size=4, num_experts=8, num_tokens=16, k=2, pattern="dropped",
                   dtype=torch.float32, seed=1)
@@ -327,10 +334,10 @@ def build() -> NotebookBuilder:
                   pattern="starve_rank", seed=2)
     check_combine(AllToAllTokenDispatcher, world_size=2, num_experts=6, num_tokens=9, k=1, pattern="one_way", seed=3)
     """)
-    nb.test("test_dispatcher_communication", 8,
+    nb.test("test_dispatcher_communication", 7,
             doc="Counts exchanged once; each float all-to-all of forward mirrored in backward with its splits swapped.",
             visible="""
-    check_dispatcher_communication(AllToAllTokenDispatcher, world_size=2, num_experts=4, num_tokens=12, k=2)
+    check_dispatcher_communication(AllToAllTokenDispatcher, world_size=4, num_experts=8, num_tokens=12, k=2)
     """, hidden="""
     check_dispatcher_communication(AllToAllTokenDispatcher, world_size=4, num_experts=8, num_tokens=16, k=2,
                                    pattern="one_way", seed=1)
@@ -376,9 +383,13 @@ def build() -> NotebookBuilder:
             doc="Each expert keeps its ceil(T k / E cf) highest-probability tokens (earlier on ties), no renormalising.",
             visible="""
     check_token_dropping(apply_router_token_dropping, num_tokens=12, num_experts=4, k=2, capacity_factor=1.0)
+    check_token_dropping(apply_router_token_dropping, num_tokens=20, num_experts=4, k=2, capacity_factor=1.0,
+                         ties=True, seed=5)
     """, hidden="""
     check_token_dropping(apply_router_token_dropping, num_tokens=18, num_experts=4, k=2,
-                         capacity_factor=0.5, ties=True, seed=1)
+                         capacity_factor=0.5, ties=True, seed=4)
+    check_token_dropping(apply_router_token_dropping, num_tokens=24, num_experts=6, k=2, capacity_factor=1.0,
+                         ties=True, dtype=torch.float32, seed=3)
     check_token_dropping(apply_router_token_dropping, num_tokens=20, num_experts=8, k=2, capacity_factor=1.25,
                          dtype=torch.float32, seed=2)
     check_token_dropping(apply_router_token_dropping, num_tokens=15, num_experts=3, k=1, capacity_factor=1.5, seed=3)
@@ -421,10 +432,11 @@ def build() -> NotebookBuilder:
     communication of the whole layer.
     """)
     nb.solution_from("moe_layer", layers, "MoELayer")
-    nb.test("test_moe_layer", 14,
+    nb.test("test_moe_layer", 11,
             doc="MoELayer equals a dense MoE: output, aux loss, input/expert/router gradients, and its communication.",
             visible="""
-    check_moe_layer(MoELayer, world_size=2, num_experts=4, k=2, num_tokens=12)
+    check_moe_layer(MoELayer, world_size=4, num_experts=8, k=2, num_tokens=12)
+    check_moe_layer(MoELayer, world_size=4, ep_size=2, num_experts=6, k=2, num_tokens=10, seed=6)
     """, hidden="""
     check_moe_layer(MoELayer, world_size=4, num_experts=8, k=2, num_tokens=12, pattern="starve_rank", seed=1)
     check_moe_layer(MoELayer, world_size=2, num_experts=4, k=1, num_tokens=10, pattern="starve_expert", seed=2)
@@ -433,10 +445,10 @@ def build() -> NotebookBuilder:
                     hidden=5, ffn=6, seed=4)
     check_moe_layer(MoELayer, world_size=1, num_experts=3, k=2, num_tokens=8, seed=5)
     """)
-    nb.test("test_moe_capacity", 8,
+    nb.test("test_moe_capacity", 7,
             doc="MoELayer with a capacity factor: the lowest-probability tokens dropped, aux loss counted before drops.",
             visible="""
-    check_moe_layer(MoELayer, world_size=2, num_experts=4, k=2, num_tokens=12, capacity_factor=1.0)
+    check_moe_layer(MoELayer, world_size=4, ep_size=2, num_experts=6, k=2, num_tokens=12, capacity_factor=1.0)
     """, hidden="""
     check_moe_layer(MoELayer, world_size=4, num_experts=8, k=2, num_tokens=16, capacity_factor=0.75, seed=1)
     check_moe_layer(MoELayer, world_size=2, num_experts=4, k=1, num_tokens=12, capacity_factor=1.5, seed=2)
@@ -450,13 +462,125 @@ def build() -> NotebookBuilder:
     rank, before any communication, with a message naming the sizes
     involved. This last test of exercise 6 checks them all.
     """)
-    nb.test("test_argument_errors", 5,
+    nb.test("test_argument_errors", 4,
             doc="Invalid arguments raise ValueError on every rank before any communication, naming the sizes.",
             visible="""
     impls = {name: globals()[name] for name in (
         "topk_router", "load_balancing_loss", "permute", "all_to_all", "AllToAllTokenDispatcher", "MoELayer",
         "apply_router_token_dropping")}
     check_argument_errors(impls, world_size=2)
+    """)
+
+    # -- exercise 7 ----------------------------------------------------------------
+    nb.exercise(7, "the overlapped MoE layer", """
+    On a GPU cluster a MoE layer's dispatch and combine take about as long as
+    its experts, or longer across nodes (the lesson's README, section 4), and
+    nothing inside one batch can hide them: the experts need the dispatched
+    rows, combine needs the experts' output. DeepSeek-V3 cuts the work in two
+    micro-batches and hides the all-to-alls of one behind the computation of the
+    other. You do it inside the layer: the tokens of a step become **two
+    halves**, and every all-to-all of one half is **in flight while the other
+    half's experts compute**, in forward and in backward. The lesson:
+    [03_overlap.md](../../assignments/05_expert_parallel/03_overlap.md).
+
+    `OverlappedMoELayer(MoELayer)` has `MoELayer`'s constructor, parameters and
+    numbers. `forward(hidden_states [T, h])` returns `(output, aux_loss)`:
+
+    1. route **all T tokens** as `MoELayer` does: router, `topk_router`,
+       `load_balancing_loss`, and with a capacity factor
+       `apply_router_token_dropping` (its capacity is that of all T tokens);
+    2. cut the tokens, probabilities and routing map with `.tensor_split(2)`
+       (half 0: the first ceil(T/2) tokens); for each half a *plan*: its counts
+       (`exchange_token_counts`), its splits (rows sent to / received from
+       each rank) and its permuted rows (`permute`), as in `dispatch`;
+    3. `_OverlappedExperts.apply(self.local_experts, plans, rows0, rows1)`
+       returns each half's expert outputs back at the source, in permuted order;
+    4. `unpermute` each half with its probabilities and concatenate.
+
+    Three pieces do the overlap:
+
+    - `post_all_to_all(input_, *, output_split_sizes, input_split_sizes, group)` starts
+      `dist.all_to_all_single(output, input_, ..., async_op=True)` and returns
+      `(output, work)` at once; `output` is valid after `work.wait()`. A group of
+      one returns `(input_, None)`. (gloo runs the collective on its own thread:
+      `async_op=True` is all it takes; a thread of your own would hide the
+      all-to-all from the ledger.)
+    - `experts_on_received(local_experts, received, plan)`: exercise 4's local
+      expert order, `run_local_experts`, and back to the received order.
+    - `_OverlappedExperts`, an autograd Function whose forward runs this schedule:
+
+    | step | posted or waited | in flight meanwhile | computed |
+    |---|---|---|---|
+    | 1 | post dispatch(0), post dispatch(1) | | |
+    | 2 | wait dispatch(0) | dispatch(1) | experts(0) |
+    | 3 | post combine(0), wait dispatch(1) | combine(0) | experts(1) |
+    | 4 | post combine(1), wait combine(0), wait combine(1) | | |
+
+    A Function's forward runs without autograd, so each half's experts run
+    behind a **boundary**, as Megatron-LM's `ScheduleNode` does:
+    `received = received.detach().requires_grad_()`, then
+    `with torch.enable_grad(): out = experts_on_received(...)`; keep `received`
+    and `out` on `ctx`. The backward is the mirror, and you call each half's
+    backward where the schedule wants it: post both halves' combine-backward
+    all-to-alls (each gradient travels to the experts with its dispatch's
+    splits), wait for half 1's, `torch.autograd.backward(out_1, grad)` (the
+    experts' input gradient lands in `received_1.grad`, their weight gradients
+    in their `.grad`), post half 1's dispatch-backward (home, with the
+    combine's splits) at once, then the same for half 0; wait for both and
+    return the two input gradients (`None` for the other arguments).
+
+    Graded: `test_overlapped_moe_layer`, the numbers (against the same dense
+    MoE as exercise 6) and each half's all-to-alls with its own splits,
+    mirrored in backward; `test_moe_overlap`, the schedule, from each rank's
+    ledger in order. Per phase, with F the half whose experts compute first and
+    S the other: S's all-to-all towards the experts must be posted before F's
+    experts start and waited after they end; F's all-to-all home must be posted
+    before S's experts start and waited after they end. The ledger records which
+    all-to-all each `wait()` is for, and hooks on the local experts mark their
+    compute (call them as modules: `run_local_experts` does). A layer that
+    waits at once computes right and loses only the overlap cell.
+    """)
+    nb.solution_from("moe_overlap", overlap, "post_all_to_all", "experts_on_received", "_OverlappedExperts",
+                     "OverlappedMoELayer")
+    nb.test("test_overlapped_moe_layer", 8,
+            doc="OverlappedMoELayer equals the dense MoE (as MoELayer): numbers, each half's all-to-alls, mirrored.",
+            visible="""
+    check_overlapped_moe_layer(OverlappedMoELayer, world_size=4, num_experts=8, k=2, num_tokens=12)
+    check_overlapped_moe_layer(OverlappedMoELayer, world_size=4, ep_size=2, num_experts=6, k=2, num_tokens=12,
+                               capacity_factor=1.0)
+    """, hidden="""
+    check_overlapped_moe_layer(OverlappedMoELayer, world_size=2, num_experts=4, k=1, num_tokens=10,
+                               pattern="starve_expert", seed=2)
+    check_overlapped_moe_layer(OverlappedMoELayer, world_size=2, num_experts=6, k=2, num_tokens=11, pattern="ties",
+                               seed=3)
+    check_overlapped_moe_layer(OverlappedMoELayer, world_size=4, ep_size=2, num_experts=4, k=2, num_tokens=10,
+                               dtype=torch.float32, hidden=5, ffn=6, seed=4)
+    check_overlapped_moe_layer(OverlappedMoELayer, world_size=4, num_experts=8, k=2, num_tokens=16,
+                               capacity_factor=0.75, seed=1)
+    check_overlapped_moe_layer(OverlappedMoELayer, world_size=1, num_experts=3, k=2, num_tokens=8, seed=5)
+    """)
+    nb.test("test_moe_overlap", 7,
+            doc="Each half's all-to-alls are in flight while the other half's experts compute, forward and backward.",
+            visible="""
+    check_moe_overlap(OverlappedMoELayer, world_size=4, num_experts=8, k=2, num_tokens=12)
+    """, hidden="""
+    check_moe_overlap(OverlappedMoELayer, world_size=2, num_experts=4, k=2, num_tokens=11, seed=1)
+    check_moe_overlap(OverlappedMoELayer, world_size=4, ep_size=2, num_experts=4, k=2, num_tokens=10,
+                      dtype=torch.float32, seed=2)
+    check_moe_overlap(OverlappedMoELayer, world_size=4, num_experts=8, k=2, num_tokens=16, seed=3)
+    check_moe_overlap(OverlappedMoELayer, world_size=2, num_experts=4, k=1, num_tokens=14, seed=5)
+    check_moe_overlap(OverlappedMoELayer, world_size=1, num_experts=2, k=2, num_tokens=6, seed=4)
+    """)
+    nb.markdown("""
+    ### Picture: your layer's schedule
+
+    What rank 0 of your layer did, in order: each all-to-all (which half,
+    which direction) when it was posted, each wait and the all-to-all it was
+    for, and when each half's experts computed, in forward and in backward:
+    the record `test_moe_overlap` judges. Run it once exercise 7 computes.
+    """)
+    nb.code("""
+    print_overlap_timeline(OverlappedMoELayer, world_size=2)
     """)
     nb.nccl_checks("""
     [
@@ -465,6 +589,8 @@ def build() -> NotebookBuilder:
         ("dispatch -> combine -> backward", check_dispatcher_communication, (AllToAllTokenDispatcher,),
          {"world_size": 2}),
         ("MoE layer", check_moe_layer, (MoELayer,), {"world_size": 2}),
+        ("overlapped MoE layer", check_overlapped_moe_layer, (OverlappedMoELayer,), {"world_size": 2}),
+        ("its schedule", check_moe_overlap, (OverlappedMoELayer,), {"world_size": 2}),
     ]
     """)
     return nb

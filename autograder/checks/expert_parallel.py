@@ -32,7 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from autograder.checks import expect_value_errors, inputs_only
 from autograder.runtime.compare import CheckFailure, Findings, assert_close, dtype_name, fmt_shape
-from autograder.runtime.dist import rank_device, run_distributed
+from autograder.runtime.dist import DistributedError, rank_device, run_distributed
 from autograder.runtime.ledger import CommLedger, check_consistent, expect_no_comm, format_trace
 from autograder.lessons.volume import all_to_all_traffic
 
@@ -52,7 +52,20 @@ _INT_DTYPES = ("int64", "int32")
 # ---------------------------------------------------------------------------
 
 def _cpu(t):
-    return t.detach().cpu() if isinstance(t, torch.Tensor) else t
+    """What a rank sends back of a tensor: plain data on the CPU.
+
+    The functional collectives (`torch.distributed._functional_collectives`,
+    e.g. `all_to_all_single_autograd`) return an `AsyncCollectiveTensor`: the
+    result of a collective that may still be in flight. Its `wait()` gives the
+    plain tensor (what any further op on it would do implicitly); a rank can only
+    send back plain tensors, so it is waited here instead of being refused.
+    """
+    if not isinstance(t, torch.Tensor):
+        return t
+    t = t.detach()
+    if type(t) is not torch.Tensor and callable(getattr(t, "wait", None)):
+        t = t.wait()  # AsyncCollectiveTensor -> torch.Tensor
+    return t.cpu()
 
 
 def _compute_dtype(dtype):
@@ -371,6 +384,29 @@ def _router_logits(gen, num_tokens, num_experts, k, ties):
 def _first_bad_row(got_map: torch.Tensor, want_map: torch.Tensor):
     bad = (got_map != want_map).any(dim=1).nonzero().flatten()
     return int(bad[0]) if len(bad) else None
+
+
+# the exercise (answer cell) of each student function, for checks that use functions of several exercises
+_EXERCISE_OF = {"topk_router": 1, "load_balancing_loss": 1, "permute": 2, "unpermute": 2, "_AllToAll": 3,
+                "all_to_all": 3, "AllToAllTokenDispatcher": 4, "apply_router_token_dropping": 5, "MoELayer": 6,
+                "post_all_to_all": 7, "_OverlappedExperts": 7, "OverlappedMoELayer": 7}
+
+
+def _run(exercise: int, program, world_size: int, **kwargs):
+    """run_distributed for a check of `exercise` that uses other exercises' functions too: a stub of ANOTHER
+    exercise is named with its own exercise (the cell's label alone would send the student to the wrong
+    answer cell)."""
+    try:
+        return run_distributed(program, world_size, **kwargs)
+    except DistributedError as exc:
+        stub = exc.stub
+        owner = _EXERCISE_OF.get(stub.split(".")[0]) if stub else None
+        if owner is not None and owner != exercise:
+            raise NotImplementedError(
+                f"Exercise {owner} is not done yet: {stub} is still the stub (it raises NotImplementedError). "
+                f"This test uses it: implement Exercise {owner} first, run its cell, then run this one again."
+            ) from None
+        raise
 
 
 def _one_rank(program, *args, timeout: float = _TIMEOUT):
@@ -978,9 +1014,9 @@ def check_dispatch(AllToAllTokenDispatcher, *, world_size: int = 2, ep_size: int
     "dropped" (tokens with fewer than k experts).
     """
     case = _dispatch_case(world_size, ep_size, num_experts, num_tokens, k, hidden, dtype, seed, pattern)
-    results = run_distributed(_dispatch_rank, world_size,
-                              args=(AllToAllTokenDispatcher, inputs_only(case, "expected"), "dispatch", backend),
-                              timeout=timeout, backend=backend)
+    results = _run(4, _dispatch_rank, world_size,
+                   args=(AllToAllTokenDispatcher, inputs_only(case, "expected"), "dispatch", backend),
+                   timeout=timeout, backend=backend)
     ctx = _case_ctx("dispatch", case, world_size, num_tokens, pattern)
     check_consistent([r["records"] for r in results], context=ctx)
     findings = Findings()
@@ -1021,9 +1057,9 @@ def check_combine(AllToAllTokenDispatcher, *, world_size: int = 2, ep_size: int 
     """
     case = _with_upstream(_dispatch_case(world_size, ep_size, num_experts, num_tokens, k, hidden, dtype, seed,
                                          pattern), seed)
-    results = run_distributed(_dispatch_rank, world_size,
-                              args=(AllToAllTokenDispatcher, inputs_only(case, "expected"), "round_trip", backend),
-                              timeout=timeout, backend=backend)
+    results = _run(4, _dispatch_rank, world_size,
+                   args=(AllToAllTokenDispatcher, inputs_only(case, "expected"), "round_trip", backend),
+                   timeout=timeout, backend=backend)
     ctx = _case_ctx("combine", case, world_size, num_tokens, pattern)
     for rank, res in enumerate(results):
         x = case["x"][rank].double()
@@ -1058,9 +1094,9 @@ def check_dispatcher_communication(AllToAllTokenDispatcher, *, world_size: int =
     """
     case = _with_upstream(_dispatch_case(world_size, ep_size, num_experts, num_tokens, k, hidden, dtype, seed,
                                          pattern), seed)
-    results = run_distributed(_dispatch_rank, world_size,
-                              args=(AllToAllTokenDispatcher, inputs_only(case, "expected"), "weighted", backend),
-                              timeout=timeout, backend=backend)
+    results = _run(4, _dispatch_rank, world_size,
+                   args=(AllToAllTokenDispatcher, inputs_only(case, "expected"), "weighted", backend),
+                   timeout=timeout, backend=backend)
     ctx = _case_ctx("dispatch -> combine -> backward", case, world_size, num_tokens, pattern)
     check_consistent([r["records"] for r in results], context=ctx)
     findings = Findings()
@@ -1175,30 +1211,69 @@ def _drop_program(rank, world_size, apply_router_token_dropping, probs, routing_
     return out
 
 
+def _cut(values: list[float], keep: int, eps: float) -> str:
+    """How the `keep` largest of `values` are cut from the rest: "clean" (a gap above eps), "tie" (exactly
+    equal values straddle the cut, every other value more than eps away from them), or "near" (values
+    within eps but not equal: float32 rounding could reorder them)."""
+    if keep <= 0 or keep >= len(values):
+        return "clean"
+    v = sorted(values, reverse=True)
+    at = v[keep - 1]
+    close = [x for x in v if abs(x - at) <= eps]
+    if len(close) == 1 or (v[keep] != at and all(x == at for x in close)):
+        return "clean" if v[keep - 1] - v[keep] > eps else "near"
+    return "tie" if all(x == at for x in close) else "near"
+
+
+def _dropping_case(gen, num_tokens, num_experts, k, limit, ties):
+    """Logits whose routing has no near-tie anywhere (top-k or capacity cut), and with `ties` an exact tie
+    across the capacity cut of at least one expert: a later token repeats the logits of the last token an
+    expert keeps, so the two have bit-identical probabilities on both sides of the cut (in any dtype)."""
+    for _ in range(500):
+        logits = torch.randn(num_tokens, num_experts, generator=gen, dtype=torch.float64) * 2
+        if ties:
+            selected = _ref_topk(logits, k)
+            probs64 = _ref_probs(logits, selected).tolist()
+            e = int(torch.randint(num_experts, (), generator=gen))
+            ranked = sorted((t for t in range(num_tokens) if e in selected[t]), key=lambda t: (-probs64[t][e], t))
+            if len(ranked) <= limit:
+                continue
+            last_kept = ranked[limit - 1]
+            later = [t for t in range(last_kept + 1, num_tokens) if t not in ranked[:limit]]
+            if not later:
+                continue
+            logits[later[int(torch.randint(len(later), (), generator=gen))]] = logits[last_kept]
+        if not all(_gaps_ok(row, k, 1e-3) for row in logits.tolist()):
+            continue
+        selected = _ref_topk(logits, k)
+        routing_map = _map_from(selected, num_tokens, num_experts)
+        probs64 = _ref_probs(logits, selected)
+        cuts = [_cut([p for p, m in zip(col, mc) if m], limit, 1e-4)
+                for col, mc in zip(probs64.t().tolist(), routing_map.t().tolist())]
+        if "near" not in cuts and (("tie" in cuts) == ties):
+            return routing_map, probs64, [e for e, c in enumerate(cuts) if c == "tie"]
+    raise RuntimeError("could not draw a routing with the requested capacity cut")
+
+
 def check_token_dropping(apply_router_token_dropping, *, num_tokens: int = 12, num_experts: int = 4, k: int = 2,
                          capacity_factor: float = 1.0, dtype=torch.float64, seed: int = 0,
                          ties: bool = False, timeout: float = _TIMEOUT) -> None:
     """`apply_router_token_dropping(probs, routing_map, k=k, capacity_factor=cf)` -> `(probs * kept, kept)`.
 
-    Each expert keeps its `ceil(T k / E cf)` highest-probability tokens (the
-    earlier token among equal probabilities: `ties=True` repeats tokens, so
-    their probabilities are exactly equal; otherwise no probabilities are near
-    a tie at the capacity boundary); kept probabilities are not renormalised;
-    the gradient reaches `probs` only where kept.
+    Each expert keeps its `ceil(T k / E cf)` highest-probability tokens, the
+    earlier token among equal probabilities. With `ties=True` at least one
+    expert has an exact tie across its capacity cut: a later token repeats the
+    logits of the last token the expert keeps, so their probabilities are
+    bit-identical in any dtype, one kept and one dropped (a sort that is not
+    stable, or `torch.topk`, may keep the later one; more than 16 tokens make
+    CPU sorts leave their insertion sort). Otherwise, and everywhere else, no
+    two probabilities are within 1e-4 of each other across a cut, so rounding
+    cannot reorder them. Kept probabilities are not renormalised; the gradient
+    reaches `probs` only where kept.
     """
     gen = torch.Generator().manual_seed(seed)
     limit = math.ceil(num_tokens * k / num_experts * capacity_factor)  # what each expert keeps
-    for _ in range(200):
-        logits = torch.randn(num_tokens, num_experts, generator=gen, dtype=torch.float64) * 2
-        if ties:
-            logits[1::3] = logits[0::3][:len(logits[1::3])]  # token 3i+1 repeats token 3i
-        selected = _ref_topk(logits, k)
-        routing_map = _map_from(selected, num_tokens, num_experts)
-        probs64 = _ref_probs(logits, selected)
-        margins = all(_gaps_ok([p for p, m in zip(col, mc) if m], limit, 1e-6) or ties
-                      for col, mc in zip(probs64.t().tolist(), routing_map.t().tolist()))
-        if margins and all(_gaps_ok(row, k, 1e-3) for row in logits.tolist()):
-            break
+    routing_map, probs64, tied = _dropping_case(gen, num_tokens, num_experts, k, limit, ties)
     ctx = (f"apply_router_token_dropping(probs [{num_tokens}, {num_experts}] {dtype_name(dtype)}, k={k}, "
            f"capacity_factor={capacity_factor}): capacity {limit} per expert")
     g = torch.randn(num_tokens, num_experts, generator=gen, dtype=torch.float64).to(dtype)
@@ -1213,7 +1288,9 @@ def check_token_dropping(apply_router_token_dropping, *, num_tokens: int = 12, n
         raise CheckFailure(
             f"{ctx}: expert {e} keeps tokens {kept[:, e].nonzero().flatten().tolist()}, expected "
             f"{want[:, e].nonzero().flatten().tolist()}. Its candidates (token, probability): {cand}: keep the "
-            f"{limit} highest probabilities, the earlier token among equal ones.")
+            f"{limit} highest probabilities, the earlier token among equal ones"
+            + (" (this expert has an exact tie across its cut: sort with stable=True; torch.topk's order among "
+               "equal values is undefined)." if e in tied else "."))
     _check_tensor(out_probs, f"{ctx}: probs", tuple(probs64.shape), dtype=dtype)
     if not res["requires_grad"]:
         raise CheckFailure(f"{ctx}: the returned probs do not require grad: the router would get no gradient "
@@ -1227,7 +1304,10 @@ def check_token_dropping(apply_router_token_dropping, *, num_tokens: int = 12, n
 # Exercise 6: the MoE layer against the dense reference
 # ---------------------------------------------------------------------------
 
-def _moe_case(world_size, ep_size, num_experts, k, hidden, ffn, num_tokens, capacity_factor, dtype, seed, pattern):
+def _moe_case(world_size, ep_size, num_experts, k, hidden, ffn, num_tokens, capacity_factor, dtype, seed, pattern,
+              accept=None):
+    """Tokens, router and expert weights of every rank, drawn until no near-tie decides a routing (and
+    `accept(xs, router_weight)`, float64 drafts, agrees: exercise 7 needs more of a case)."""
     groups = _ep_groups(world_size, ep_size)
     ep = len(groups[0])
     local = num_experts // ep
@@ -1262,8 +1342,14 @@ def _moe_case(world_size, ep_size, num_experts, k, hidden, ffn, num_tokens, capa
                 cap = math.ceil(num_tokens * k / num_experts * capacity_factor)
                 ok = all(_gaps_ok([v for v, b in zip(col, mc) if b], cap, 1e-4)
                          for col, mc in zip(p.t().tolist(), m.t().tolist()))
+        if ok and accept is not None:
+            ok = accept(xs, wr)
         if ok:
             break
+    else:
+        if accept is not None:
+            raise RuntimeError(f"check parameters: no case of {num_tokens} tokens, {num_experts} experts, k={k} "
+                               f"on {world_size} ranks found in 200 draws (seed {seed}): try another seed")
     experts = [(torch.randn(ffn, hidden, generator=gen, dtype=torch.float64) / math.sqrt(hidden),
                 torch.randn(hidden, ffn, generator=gen, dtype=torch.float64) / math.sqrt(ffn))
                for _ in range(num_experts)]
@@ -1291,8 +1377,8 @@ def _moe_reference(case, aux_coeff):
     return ref
 
 
-def _moe_rank(rank, world_size, cls, case, aux_coeff, backend):
-    dev = rank_device(rank, backend)
+def _moe_layer_on_rank(rank, cls, case, dev):
+    """The student's layer on this rank, built from the case's master weights; (layer, router weight, experts)."""
     group, members = _my_group(rank, case["groups"])
     layer = cls(case["hidden"], case["ffn"], case["num_experts"], k=case["k"], ep_group=group,
                 master_router_weight=case["wr"].to(dev),
@@ -1311,17 +1397,31 @@ def _moe_rank(rank, world_size, cls, case, aux_coeff, backend):
                            f"{len(experts)} experts, expected {case['local']}: experts [{i * case['local']}, "
                            f"{(i + 1) * case['local']}) of the {case['num_experts']} (use the rank in ep_group, "
                            f"not the global rank)")
+    return layer, router, experts
+
+
+def _run_moe_layer(rank, cls, case, aux_coeff, backend, ledger, instrument=None):
+    """Build the layer, run forward and backward under `ledger` (and the guard); the data to send back.
+    `instrument(layer, ledger)`, if given, runs first (exercise 7 marks the experts' compute)."""
+    dev = rank_device(rank, backend)
+    layer, router, experts = _moe_layer_on_rank(rank, cls, case, dev)
+    if instrument is not None:
+        instrument(layer, ledger)
+    name = case.get("layer_name", "MoELayer")
     x = case["x"][rank].to(dev).clone().requires_grad_()
-    ledger, guard = _traced()
-    with ledger, guard:
-        output, aux = _unpack(layer(x), 2, "MoELayer.forward", rank)
-        _check_tensor(output, "MoELayer output", x.shape, dtype=case["dtype"], rank=rank, grad=True)
-        _check_tensor(aux, "MoELayer aux_loss", (), rank=rank, grad=True)
+    with ledger, AllToAllGuard():
+        output, aux = _unpack(layer(x), 2, f"{name}.forward", rank)
+        _check_tensor(output, f"{name} output", x.shape, dtype=case["dtype"], rank=rank, grad=True)
+        _check_tensor(aux, f"{name} aux_loss", (), rank=rank, grad=True)
         ((output * case["g"][rank].to(dev)).sum() + aux_coeff * aux).backward()
     grad = lambda p: _cpu(p.grad)  # noqa: E731
     return {"out": _cpu(output), "aux": _cpu(aux), "x_grad": _cpu(x.grad), "router_grad": grad(router),
             "expert_grads": [(grad(e.linear_fc1.weight), grad(e.linear_fc2.weight)) for e in experts],
             "records": ledger.records}
+
+
+def _moe_rank(rank, world_size, cls, case, aux_coeff, backend):
+    return _run_moe_layer(rank, cls, case, aux_coeff, backend, CommLedger())
 
 
 def check_moe_layer(MoELayer, *, world_size: int = 2, ep_size: int | None = None, num_experts: int = 4, k: int = 2,
@@ -1346,21 +1446,28 @@ def check_moe_layer(MoELayer, *, world_size: int = 2, ep_size: int | None = None
     case = _moe_case(world_size, ep_size, num_experts, k, hidden, ffn, num_tokens, capacity_factor, dtype, seed,
                      pattern)
     ref = _moe_reference(case, aux_coeff)
-    results = run_distributed(_moe_rank, world_size, args=(MoELayer, case, aux_coeff, backend), timeout=timeout,
-                              backend=backend)
+    results = _run(6, _moe_rank, world_size, args=(MoELayer, case, aux_coeff, backend), timeout=timeout,
+                   backend=backend)
     ctx = (f"MoELayer({hidden}, {ffn}, {num_experts}, k={k}"
            + (f", capacity_factor={capacity_factor}" if capacity_factor is not None else "")
            + f"), world size {world_size}" + (f" (EP groups {case['groups']})" if len(case["groups"]) > 1 else "")
            + f", {num_tokens} tokens per rank, {dtype_name(dtype)}, pattern {pattern!r}")
+    _compare_moe(case, ref, results, ctx, expect_comm=_expect_moe_comm)
+
+
+def _compare_moe(case, ref, results, ctx, *, expect_comm) -> None:
+    """Every rank's numbers against the dense reference and its communication (`expect_comm(records, rank=,
+    ctx=, case=, members=, group_rank=, kept=)`), reported together; then the splits across ranks."""
     check_consistent([r["records"] for r in results], context=ctx)
+    dtype = case["dtype"]
     cd = _compute_dtype(dtype)
     findings = Findings()
     for members in case["groups"]:
         for i, rank in enumerate(members):
             res = results[rank]
             with findings.communication():
-                _expect_moe_comm(res["records"], rank=rank, ctx=ctx, case=case, members=members, group_rank=i,
-                                 kept=ref["kept"])
+                expect_comm(res["records"], rank=rank, ctx=ctx, case=case, members=members, group_rank=i,
+                            kept=ref["kept"])
             with findings.numbers():
                 items = [("output", res["out"], ref["out"][rank].to(dtype)),
                          ("aux_loss (counts before drops)", res["aux"], ref["aux"][rank].to(cd)),
@@ -1441,9 +1548,9 @@ def plot_dispatch(AllToAllTokenDispatcher, *, world_size: int = 4, num_experts: 
         print(missing)
         return None
     case = _dispatch_case(world_size, None, num_experts, num_tokens, k, hidden, dtype, seed, "starve_expert")
-    results = run_distributed(_picture_rank, world_size,
-                              args=(AllToAllTokenDispatcher, inputs_only(case, "expected"), backend),
-                              timeout=timeout, backend=backend)
+    results = _run(4, _picture_rank, world_size,
+                   args=(AllToAllTokenDispatcher, inputs_only(case, "expected"), backend),
+                   timeout=timeout, backend=backend)
     local = case["local"]
     matrix = torch.zeros(world_size, num_experts, dtype=torch.int64)
     for r, res in enumerate(results):

@@ -2,8 +2,8 @@
 
 Each mutant edits one answer cell of source/05_expert_parallel/expert_parallel_lab.ipynb;
 `must_fail` is exactly the set of graded cells it fails (tests/test_expert_parallel_notebook.py
-runs them). The demo mutant (`make demo`) runs the all-to-all's backward with the
-forward's splits: partial credit.
+runs them); `VARIANTS` are different but correct edits (an empty `must_fail`). The demo mutant (`make demo`) is the overlapped layer that waits for
+every all-to-all at once: right numbers, no overlap, partial credit.
 """
 
 from solutions.submissions import mutant
@@ -61,7 +61,6 @@ MUTANTS = [
           "_AllToAll.apply(grad_output, ctx.output_split_sizes, ctx.input_split_sizes, ctx.group)")],
         must_fail={"test_all_to_all", "test_combine", "test_dispatcher_communication", *LAYER_CELLS},
         why="the backward all-to-all reuses the forward's splits instead of swapping them",
-        demo=True,
     ),
     mutant(
         "router_probs_detached", "moe_layer",
@@ -134,9 +133,102 @@ MUTANTS = [
         why="local experts chosen by the global rank: wrong on an EP group that is a subgroup",
     ),
     mutant(
+        "capacity_unstable_sort", "token_dropping",
+        [("descending=True, stable=True", "descending=True, stable=False")],
+        must_fail={"test_token_dropping"},
+        why="an unstable sort: among equal probabilities across the capacity cut the later token may be kept",
+    ),
+    mutant(
+        "capacity_topk", "token_dropping",
+        [("    order = torch.sort(scores, dim=0, descending=True, stable=True).indices  # [T, E]: token at each position\n"
+          "    position = torch.empty_like(order).scatter_(\n"
+          "        0, order, torch.arange(num_tokens, device=order.device).unsqueeze(1).expand(num_tokens, num_experts))\n"
+          "    kept = routing_map & (position < capacity)  # [T, E]\n",
+          "    top = torch.topk(scores, k=min(capacity, num_tokens), dim=0, sorted=False).indices  # Megatron's way\n"
+          "    kept = routing_map & torch.zeros_like(routing_map).scatter(0, top, True)  # [T, E]\n")],
+        must_fail={"test_token_dropping"},
+        why="torch.topk over each expert's column, as Megatron: which of two equal probabilities it keeps is undefined",
+    ),
+    mutant(
+        "dispatch_chunk_order_transposed", "dispatcher",
+        [("to_expert_major = torch.arange(w * local).view(w, local).t()",
+          "to_expert_major = torch.arange(w * local).view(local, w).t()"),
+         ("to_source_major = torch.arange(local * w).view(local, w).t()",
+          "to_source_major = torch.arange(local * w).view(w, local).t()")],
+        must_fail={"test_dispatch", "test_combine", *LAYER_CELLS},
+        why="the local expert order with the chunk grid's dimensions swapped: right only when w == E/w",
+    ),
+    mutant(
         "a2a_no_split_check", "all_to_all",
         [("    if sum(input_split_sizes) != input_.shape[0]:\n", "    if False:\n")],
         must_fail={"test_argument_errors"},
         why="input_split_sizes that do not cover the input are not rejected",
     ),
+    # -- exercise 7: the overlapped layer ----------------------------------------------
+    mutant(
+        "overlap_waits_at_once", "moe_overlap",
+        [("input_split_sizes=list(input_split_sizes), group=group, async_op=True)\n    return output, work",
+          "input_split_sizes=list(input_split_sizes), group=group, async_op=True)\n    work.wait()\n"
+          "    return output, work")],
+        must_fail={"test_moe_overlap"},
+        why="every all-to-all waited right after it is posted: the numbers are right, nothing overlaps",
+        demo=True,
+    ),
+    mutant(
+        "overlap_combine_waited_at_once", "moe_overlap",
+        [("input_split_sizes=plan[\"recv\"], group=group))  # -> [N_send_j, h]\n",
+          "input_split_sizes=plan[\"recv\"], group=group))  # -> [N_send_j, h]\n"
+          "            if combined[-1][1] is not None:\n"
+          "                combined[-1][1].wait()\n")],
+        must_fail={"test_moe_overlap"},
+        why="each half's combine waited before the other half's experts run: only the dispatch is hidden",
+    ),
+    mutant(
+        "overlap_backward_waited_at_once", "moe_overlap",
+        [("        home = {}\n",
+          "        for _, work in arrived.values():\n"
+          "            if work is not None:\n"
+          "                work.wait()\n"
+          "        home = {}\n")],
+        must_fail={"test_moe_overlap"},
+        why="in backward both combine-backward all-to-alls waited before any expert's backward: forward only overlaps",
+    ),
+    mutant(
+        "overlap_halves_recombined_swapped", "moe_overlap",
+        [("return torch.cat(outs).to(hidden_states.dtype), aux_loss",
+          "return torch.cat(outs[::-1]).to(hidden_states.dtype), aux_loss")],
+        must_fail={"test_overlapped_moe_layer"},
+        why="the two halves' outputs concatenated in the wrong order",
+    ),
+    mutant(
+        "overlap_no_weight_grads", "moe_overlap",
+        [("torch.autograd.backward(ctx.outputs[j], grad_out)",
+          "ctx.received[j].grad = torch.autograd.grad(ctx.outputs[j], ctx.received[j], grad_out)[0]")],
+        must_fail={"test_overlapped_moe_layer"},
+        why="the experts' backward by torch.autograd.grad w.r.t. their input only: no weight gradients",
+    ),
+    mutant(
+        "overlap_capacity_per_half", "moe_overlap",
+        [("        if self.capacity_factor is not None:  # capacity per source rank, over all T tokens (as MoELayer)\n"
+          "            probs, routing_map = apply_router_token_dropping(probs, routing_map, k=self.k,\n"
+          "                                                             capacity_factor=self.capacity_factor)\n",
+          "        if self.capacity_factor is not None:  # the capacity of each half\n"
+          "            dropped = [apply_router_token_dropping(p, m, k=self.k, capacity_factor=self.capacity_factor)\n"
+          "                       for p, m in zip(probs.tensor_split(2), routing_map.tensor_split(2))]\n"
+          "            probs, routing_map = torch.cat([p for p, _ in dropped]), torch.cat([m for _, m in dropped])\n")],
+        must_fail={"test_overlapped_moe_layer"},
+        why="tokens dropped per half (capacity of T/2 tokens) instead of over the rank's T tokens",
+    ),
 ]
+
+# Different but correct edits: they must pass every cell (a check that fails one of them is wrong).
+VARIANTS = [
+    mutant(
+        "overlap_backward_half0_first", "moe_overlap",
+        [("order = (1, 0)  # the last half of forward comes back first", "order = (0, 1)")],
+        must_fail=set(),
+        why="the backward runs half 0 first: the mirror is not required, only that each all-to-all is hidden",
+    ),
+]
+
+MUTANTS += VARIANTS
