@@ -14,6 +14,8 @@
    would have filled it in): every visible test passes with its one line,
    no cell errs, every picture is an image in the page.
 4. A lesson link in the notebook opens the lesson, rendered, in a tab.
+5. The demo's wrong submission: its mistake fails in a verdict that names the
+   exercise, without the course's frames; every other graded cell passes.
 
 Without Chromium the tests are skipped and say why (`.ci/run` installs it:
 `apt-get install chromium`).
@@ -281,4 +283,35 @@ def test_a_lesson_link_opens_the_lesson(browser, lab_url, assignment):
     tabs = [t.inner_text() for t in page.locator(".lm-TabBar-tabLabel").all()]
     assert "README.md" in tabs
     page.screenshot(path=os.path.join(SHOTS, f"{assignment}-lesson.png"))
+    page.close()
+
+
+@pytest.mark.parametrize("assignment", assignments())
+def test_a_broken_notebook_fails_only_its_mistake_with_a_verdict(browser, lab_url, assignment):
+    """The demo's wrong submission, run as a student would: its mistake fails visibly, in one verdict, and
+    nothing else does (the other cells pass with their one line; no frames of the course's code)."""
+    base, token, folder = lab_url
+    (wrong,) = [m for m in submissions.mutants_of(assignment) if m.demo]
+    name = "broken_" + _notebook(assignment)
+    nbformat.write(submissions.mutant_submission(assignment, wrong), os.path.join(folder, "release", assignment, name))
+    page = _open(browser, lab_url, f"release/{assignment}/{name}")
+    st = _run_all(page)
+    failed = []
+    for cell in _graded(st):
+        gid, text = cell["nbgrader"]["grade_id"], _text(cell["outputs"])
+        errors = [o for o in cell["outputs"] if o["output_type"] == "error"]
+        if not errors:
+            lines = [line for line in text.splitlines() if line.strip()]
+            assert len(lines) == 1 and lines[0].startswith("\u2713 Exercise"), (gid, lines)
+            continue
+        failed.append(gid)
+        assert gid in wrong.must_fail, f"{gid} failed, but {wrong.name} ({wrong.why}) only breaks {sorted(wrong.must_fail)}:\n{text[:1500]}"
+        assert "Exercise" in text and "FAILED" in text, (gid, text[:1500])
+        frames = "\n".join(errors[0]["traceback"])
+        assert "autograder/" not in frames and "site-packages" not in frames, (
+            f"{gid}: the course's frames are shown to the student:\n{frames[:2000]}")
+    assert failed, f"the wrong submission {wrong.name} ({wrong.why}) passes every visible test in JupyterLab"
+    assert st["kernel"] == "idle" and st["cells"][-1]["count"] is not None
+    page.screenshot(path=os.path.join(SHOTS, f"{assignment}-broken.png"))
+    print(f"\n{assignment}: broken ({wrong.name}): {failed} failed with their verdict, the rest passed")
     page.close()
