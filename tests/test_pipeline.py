@@ -40,6 +40,8 @@ DEADLOCK = mutant(
       "dist.recv(param.grad, src=(dist.get_rank(group) + 1) % world_size, group=group)")],
     must_fail={"test_all_reduce_gradients"}, why="every rank waits to receive: a deadlock")
 DEADLOCK_ASSIGNMENT = "01_data_parallel"
+# a 1x1 PNG: the picture a student's run saved in the notebook (the feedback is the submitted notebook)
+SAVED_PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="
 
 # the demo grades every assignment's three sample submissions (and the deadlock) in one fixture
 pytestmark = pytest.mark.timeout(3600)
@@ -102,6 +104,9 @@ def test_rebuild_reproduces_committed_notebooks_byte_for_byte(course, folder):
 def graded(course):
     # a fourth student, graded by the same nbgrader run as the demo's three
     nb = submissions.mutant_submission(DEADLOCK_ASSIGNMENT, DEADLOCK)
+    # what the student saw when they last ran it: a picture saved in the notebook (the feedback keeps it)
+    picture = next(c for c in nb.cells if c.cell_type == "code" and "plot_" in c.source and not c.metadata.get("nbgrader"))
+    picture.outputs = [nbformat.v4.new_output("display_data", data={"image/png": SAVED_PNG, "text/plain": "<Figure>"})]
     folder = os.path.join(course, "submitted", "deadlock", DEADLOCK_ASSIGNMENT)
     os.makedirs(folder)
     nbformat.write(nb, os.path.join(folder, os.path.basename(submissions.notebook_path("release", DEADLOCK_ASSIGNMENT))))
@@ -158,9 +163,6 @@ def test_feedback_shows_failures_but_no_hidden_test_source(course, graded, assig
         text = _html_text(os.path.join(course, "feedback", student, assignment, name))
         leaked = [line for line in hidden if line in text]
         assert not leaked, f"feedback of {student} shows hidden-test source: {leaked[:3]}"
-    raw = open(os.path.join(course, "feedback", "reference", assignment, name), encoding="utf-8").read()
-    assert "data:image/png;base64," in raw, "the feedback shows no picture as an image"
-    assert "<Figure size" not in raw
     wrong = _html_text(os.path.join(course, "feedback", "wrong", assignment, name))
     assert "CheckFailure" in wrong or "DistributedError" in wrong
     assert re.search(r"rank \d", wrong), "the failure message should name a rank"
@@ -172,6 +174,10 @@ def test_a_deadlocking_submission_loses_only_that_cell(course, graded):
     assert row["lost"] == ["test_all_reduce_gradients"], row
     assert 0 < row["score"] < row["max_score"]
     assert not leftover, f"processes left behind after grading: {sorted(leftover)}"
+    raw = open(os.path.join(course, "feedback", "deadlock", DEADLOCK_ASSIGNMENT,
+                            os.path.basename(submissions.notebook_path("release", DEADLOCK_ASSIGNMENT))
+                            .replace(".ipynb", ".html")), encoding="utf-8").read()
+    assert f"data:image/png;base64,{SAVED_PNG}" in raw, "the feedback does not show the submission's saved picture"
     name = os.path.basename(submissions.notebook_path("release", DEADLOCK_ASSIGNMENT)).replace(".ipynb", ".html")
     text = _html_text(os.path.join(course, "feedback", "deadlock", DEADLOCK_ASSIGNMENT, name))
     assert "deadlock" in text and "none had used the CPU" in text

@@ -163,8 +163,8 @@ class OverlappedMoELayer(MoELayer):
                  master_expert_weights, capacity_factor=None):
         ### BEGIN SOLUTION
         super().__init__(hidden_size, ffn_hidden_size, num_experts, k=k, ep_group=ep_group,
-                         master_router_weight=master_router_weight, master_expert_weights=master_expert_weights,
-                         capacity_factor=capacity_factor)
+                         capacity_factor=capacity_factor, master_router_weight=master_router_weight,
+                         master_expert_weights=master_expert_weights)
         self.ep_group = ep_group
         ### END SOLUTION
 
