@@ -39,8 +39,11 @@ build: $(STAMP)
 	  $(VENV)/bin/nbgrader generate_assignment $$a --force --log-level=ERROR || exit 1; \
 	done
 
+# Two processes side by side (pytest-xdist, a test file per process), then the tests that assert how fast
+# something is reported, alone (marked `timing` in tests/conftest.py).
 test: $(STAMP)
-	env -u COURSE_LANG $(PY) -m pytest -q
+	env -u COURSE_LANG $(PY) -m pytest -q -n 2 --dist loadfile -m "not timing"
+	env -u COURSE_LANG $(PY) -m pytest -q -m timing
 
 # Build the course (in the language release/ is in, or COURSE_LANG), autograde the sample submissions with
 # nbgrader, print the gradebook.
@@ -66,7 +69,8 @@ clean:
 
 # Everything, the opt-in sweeps included (every mutant on every cell of its notebook).
 test-all: $(STAMP)
-	env -u COURSE_LANG COURSE_EXHAUSTIVE=1 $(PY) -m pytest -q
+	env -u COURSE_LANG COURSE_EXHAUSTIVE=1 $(PY) -m pytest -q -n 2 --dist loadfile -m "not timing"
+	env -u COURSE_LANG COURSE_EXHAUSTIVE=1 $(PY) -m pytest -q -m timing
 
 # The course as a website: build/site/index.html (overview, lessons, release notebooks never executed, a page
 # per exercise, formulas as MathML, figures drawn by autograder/, code links at pinned commits), and the same

@@ -15,11 +15,27 @@ import pytest
 EXHAUSTIVE = os.environ.get("COURSE_EXHAUSTIVE", "") == "1"
 
 
+# Tests that assert how fast something is reported (a deadlock within seconds, a failed rank within 3 s): `make
+# test` runs them after the rest, on an otherwise idle machine, never beside another test process (pytest-xdist).
+TIMING = {
+    "tests/test_dist.py": None,                 # the whole file
+    "tests/test_student_messages.py": None,
+    "tests/test_kernel.py": None,
+    "tests/test_context_parallel_notebook.py": {"test_deadlocking_ring_is_reported_with_a_hint_within_seconds"},
+    "tests/test_composition_notebook.py": {"test_the_hang_is_reported_with_each_rank_line_and_the_grader_goes_on"},
+}
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "exhaustive: an opt-in sweep, run with COURSE_EXHAUSTIVE=1 (make test-all)")
+    config.addinivalue_line("markers", "timing: asserts a time bound; make test runs it alone, after the rest")
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        if path in TIMING and (TIMING[path] is None or item.originalname in TIMING[path]):
+            item.add_marker(pytest.mark.timing)
     if EXHAUSTIVE:
         return
     skip = pytest.mark.skip(reason="exhaustive sweep: run with COURSE_EXHAUSTIVE=1 (make test-all); "
@@ -27,6 +43,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "exhaustive" in item.keywords:
             item.add_marker(skip)
+
+
+def sample(values, *, always) -> list:
+    """pytest params over `values` (e.g. the assignments): those in `always` run in `make test`, the rest only with
+    COURSE_EXHAUSTIVE=1 (for tests whose every case costs a browser page or a whole notebook run)."""
+    unknown = set(always) - set(values)
+    if unknown:
+        raise ValueError(f"sample: {sorted(unknown)} not among {list(values)}")
+    return [pytest.param(v, id=str(v), marks=() if v in always else pytest.mark.exhaustive) for v in values]
 
 
 def sweep(mutants, *, always: set[str]) -> list:

@@ -17,7 +17,8 @@
 5. The demo's wrong submission: its mistake fails in a verdict that names the
    exercise, without the course's frames; every other graded cell passes.
 
-Without Chromium the tests are skipped and say why (`.ci/run` installs it:
+`make test` opens a sample (each kind of page on one or two notebooks: a browser page costs 10-25 s);
+`make test-all` every notebook. Without Chromium the tests are skipped and say why (`.ci/run` installs it:
 `apt-get install chromium`).
 """
 
@@ -36,6 +37,7 @@ import urllib.request
 import nbformat
 import pytest
 
+from conftest import sample
 from course import ROOT, assignments
 
 sys.path.insert(0, ROOT)
@@ -221,7 +223,7 @@ def _notebook(assignment: str) -> str:
     return os.path.basename(submissions.notebook_path("release", assignment))
 
 
-@pytest.mark.parametrize("assignment", assignments())
+@pytest.mark.parametrize("assignment", sample(assignments(), always={"04_context_parallel"}))
 def test_the_untouched_notebook_names_every_unfinished_exercise(browser, lab_url, assignment):
     path = f"release/{assignment}/{_notebook(assignment)}"
     page = _open(browser, lab_url, path)
@@ -239,7 +241,7 @@ def test_the_untouched_notebook_names_every_unfinished_exercise(browser, lab_url
     page.close()
 
 
-@pytest.mark.parametrize("assignment", assignments())
+@pytest.mark.parametrize("assignment", sample(assignments(), always={"03_pipeline_parallel", "06_composition"}))
 def test_the_completed_notebook_passes_and_draws_every_picture(browser, lab_url, assignment):
     base, token, folder = lab_url
     name = "completed_" + _notebook(assignment)
@@ -271,7 +273,7 @@ def test_the_completed_notebook_passes_and_draws_every_picture(browser, lab_url,
     page.close()
 
 
-@pytest.mark.parametrize("assignment", assignments())
+@pytest.mark.parametrize("assignment", sample(assignments(), always={"01_data_parallel"}))
 def test_a_lesson_link_opens_the_lesson(browser, lab_url, assignment):
     base, token, folder = lab_url
     page = _open(browser, lab_url, f"release/{assignment}/{_notebook(assignment)}")
@@ -286,7 +288,7 @@ def test_a_lesson_link_opens_the_lesson(browser, lab_url, assignment):
     page.close()
 
 
-@pytest.mark.parametrize("assignment", assignments())
+@pytest.mark.parametrize("assignment", sample(assignments(), always={"05_expert_parallel"}))
 def test_a_broken_notebook_fails_only_its_mistake_with_a_verdict(browser, lab_url, assignment):
     """The demo's wrong submission, run as a student would: its mistake fails visibly, in one verdict, and
     nothing else does (the other cells pass with their one line; no frames of the course's code)."""
