@@ -848,7 +848,7 @@ def build() -> NotebookBuilder:
     check_plan(plan, toy, Cluster(8), Layout(tp=2, pp=2, dp=2, zero=1, recompute="full", micro_batch=2),
                Training(seq_len=2048, global_batch=16), feasible=True, check_mfu=True)
     check_plan(plan, LLAMA3_405B, big, Layout(tp=8, cp=2, pp=16, dp=64, recompute="full"), llama,
-               feasible=True, check_mfu=True)
+               check_mfu=True, feasible=True)
     # Megatron-LM's parallelism guide (docs/user-guide/parallelism-guide.md): Llama 3 70B on 64 GPUs TP 4 x PP 4 x CP 2,
     # its example command's global batch 512 and seq 8192; GPT-3 175B TP 4 x PP 8 on 512 GPUs (seq 2048, 1536 sequences).
     check_plan(plan, LLAMA3_70B, Cluster(64), Layout(tp=4, pp=4, cp=2, dp=2), Training(seq_len=8192, global_batch=512),
