@@ -31,16 +31,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "timing: asserts a time bound; make test runs it alone, after the rest")
 
 
-# The longest test files (minutes: whole class runs, a browser, a Slurm cluster) first, so that the two processes
-# of `make test` (pytest-xdist, a file each) do not end with one of them running a long file alone.
-LONG_FIRST = ["tests/test_pipeline.py", "tests/test_grading.py", "tests/test_attacks.py", "tests/test_browser.py",
-              "tests/test_zh_notebooks.py", "tests/test_release.py", "tests/test_slurm.py",
-              "tests/test_spawned_notebooks.py", "tests/test_site.py"]
-
-
 def pytest_collection_modifyitems(config, items):
-    rank = {path: i for i, path in enumerate(LONG_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(LONG_FIRST)))  # stable: the rest in order
     for item in items:
         path = item.nodeid.split("::", 1)[0]
         if path in TIMING and (TIMING[path] is None or item.originalname in TIMING[path]):
