@@ -511,21 +511,23 @@ def test_a_non_contiguous_tensor_given_to_a_collective_is_named():
     assert "in _non_contiguous" in msg and ".contiguous()" in msg
 
 
-def _leaves_children(rank, world_size, marker):
+def _leaves_children(rank, world_size, seconds):
     import subprocess
 
-    subprocess.Popen(["sleep", "60"])  # outlives the rank program unless the runner kills it
+    subprocess.Popen(["sleep", seconds])  # outlives the rank program unless the runner kills it
     return rank
 
 
 def test_processes_a_rank_started_do_not_outlive_the_call():
-    out = run_distributed(_leaves_children, 2, args=("x",), timeout=30)
+    # a duration no other process on the machine sleeps for (a `sleep 60` of someone else's is not a leak)
+    seconds = f"60.{os.getpid():07d}{time.monotonic_ns() % 10**6:06d}"
+    out = run_distributed(_leaves_children, 2, args=(seconds,), timeout=30)
     assert out == [0, 1]
     # killed when the call returns; the kernel may take a moment to end them on a loaded machine (a leak is a
-    # `sleep 60` still there seconds later)
+    # `sleep` still there seconds later)
     deadline = time.monotonic() + 5
     while True:
-        mine = [pid for pid in _descendants(os.getpid()) if _cmd(pid).startswith("sleep 60")]
+        mine = _running(f"sleep {seconds}")
         if not mine or time.monotonic() > deadline:
             break
         time.sleep(0.1)
@@ -540,14 +542,13 @@ def _cmd(pid: int) -> str:
         return ""
 
 
-def _descendants(root: int) -> list[int]:
-    """Every live process whose ancestry reaches `root`, or that was orphaned to init after it (same session)."""
-    sid = os.getsid(root)
+def _running(cmd: str) -> list[int]:
+    """Live processes running `cmd` (in this session, or orphaned to init)."""
     out = []
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
-                if os.getsid(int(name)) == sid or _cmd(int(name)).startswith("sleep 60"):
+                if _cmd(int(name)).strip() == cmd:
                     out.append(int(name))
             except OSError:
                 continue

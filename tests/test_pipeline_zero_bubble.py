@@ -29,7 +29,6 @@ import torch.nn.functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import autograder.checks.pipeline_parallel as checks  # noqa: E402
 from autograder.checks import pipeline_zero_bubble as zb  # noqa: E402
 from autograder.checks.pipeline_schedules import _plain, owner_of, pending_peak, simulate_schedules, stage_of  # noqa: E402,E501
 from autograder.runtime.dist import run_distributed  # noqa: E402
@@ -38,6 +37,8 @@ from solutions.pipeline_parallel.schedules import (  # noqa: E402
     dualpipev_schedule, interleaved_1f1b_schedule, one_f_one_b_schedule, zb_h1_schedule,
 )
 from solutions.pipeline_parallel.split_backward import backward_input, backward_weight  # noqa: E402
+from test_pipeline_parallel_solutions import _data as _untagged_data  # noqa: E402
+from test_pipeline_parallel_solutions import _torch_stage_module as _stage  # noqa: E402
 
 
 # ---------------------------------------------------------------------------
@@ -117,16 +118,8 @@ def test_public_split_checks_pass_on_the_reference_every_case():
 # torch's executed order (the oracle of the schedule checks)
 # ---------------------------------------------------------------------------
 
-def _stage(k, h):
-    gen = torch.Generator().manual_seed(100 + k)
-    return checks.TaggedStage(torch.randn(h, h, generator=gen, dtype=torch.float64) / h ** 0.5,
-                              torch.randn(h, generator=gen, dtype=torch.float64))
-
-
 def _data(m, b, h):
-    gen = torch.Generator().manual_seed(7)
-    x = torch.randn(m * b, h, generator=gen, dtype=torch.float64)
-    y = torch.randn(m * b, h, generator=gen, dtype=torch.float64)
+    x, y = _untagged_data(m, b, h)  # 1F1B's comparison with torch: the same stages and data
     for i in range(m):
         x[i * b:(i + 1) * b, 0] = i
     return x, y

@@ -213,6 +213,16 @@ class _BackwardStarts(torch.autograd.Function):
         return grad, None, None
 
 
+def _microbatch_tag(x, num_microbatches: int) -> int | None:
+    """The micro-batch a stage input belongs to: its first element, a whole number in [0, num_microbatches)."""
+    try:
+        value = float(x.detach().reshape(-1, x.shape[-1])[0, 0])
+    except Exception:  # noqa: BLE001 - not a [b, h] tensor: reported by the order check
+        return None
+    ok = value == int(value) and 0 <= value < num_microbatches if value == value else False
+    return int(value) if ok else None
+
+
 class _Log:
     def __init__(self, num_microbatches: int, measure_memory: bool):
         self.num_microbatches = num_microbatches
@@ -240,17 +250,9 @@ class _Probe(nn.Module):
         if i is not None:
             self.log.events[i][4] = time.perf_counter()
 
-    def _tag(self, x) -> int | None:
-        try:
-            value = float(x.detach().reshape(-1, x.shape[-1])[0, 0])
-        except Exception:  # noqa: BLE001 - not a [b, h] tensor: reported by the order check
-            return None
-        ok = value == int(value) and 0 <= value < self.log.num_microbatches if value == value else False
-        return int(value) if ok else None
-
     def forward(self, x):
         t0 = time.perf_counter()
-        mb = self._tag(x)
+        mb = _microbatch_tag(x, self.log.num_microbatches)
         y = _BackwardStarts.apply(self.inner(x), self, mb)
         self.log.events.append(["F", mb, self.chunk, t0, time.perf_counter()])
         if self.log.measure_memory:

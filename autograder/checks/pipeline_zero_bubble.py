@@ -49,8 +49,8 @@ from autograder.runtime.dist import DistributedError, rank_device
 from autograder.runtime.ledger import CommLedger, format_trace
 
 from .pipeline_parallel import (
-    _TIMEOUT, _describe_p2p, _join, _layout, _make_case, _members, _p2p_counts, _portable, _run_ranks,
-    _where,
+    _TIMEOUT, _describe_p2p, _join, _layout, _make_case, _members, _microbatch_tag, _p2p_counts, _portable,
+    _run_ranks, _where,
 )
 from .pipeline_schedules import (
     _action_text, _check_complete, _expect_value_error, _flat, _normalize, _plain, _schedule_lists, format_actions,
@@ -615,17 +615,9 @@ class _ZBStage(nn.Module):
         self.register_buffer("mask", mask)
         self.chunk, self.log, self.sleeps = chunk, log, sleeps
 
-    def _tag(self, x):
-        try:
-            value = float(x.detach().reshape(-1, x.shape[-1])[0, 0])
-        except Exception:  # noqa: BLE001 - not a [b, h] tensor: reported by the order check
-            return None
-        ok = value == int(value) and 0 <= value < self.log.num_microbatches if value == value else False
-        return int(value) if ok else None
-
     def forward(self, x):
         t0 = time.perf_counter()
-        mb = self._tag(x)
+        mb = _microbatch_tag(x, self.log.num_microbatches)
         f_s, b_s, w_s = self.sleeps
         kept = x.detach().clone() if not x.requires_grad else _Mark.apply(x, self.log, "", mb, self.chunk, 0.0)
         weight = _Mark.apply(self.weight, self.log, "W", mb, self.chunk, w_s)
