@@ -4,10 +4,10 @@
 
 On a scratch course whose assignment 02 is cut to two graded cells
 (tests/grading_course.py), as an instructor runs it:
-- `autograde --jobs 2` gives the same scores, cell by cell, as `--jobs 1`;
+- three shards (`--shard i/3 --jobs 1`: one submission at a time each) run as separate processes at
+  once, merged, give every student's scores; merging again changes nothing;
+- `autograde --jobs 2` gives the same scores, cell by cell, and the same gradebook;
 - a second run grades nothing again; a changed notebook is the only one regraded;
-- three shards run as separate processes at once, merged, give the gradebook
-  of a single run; merging again changes nothing;
 - notebooks that cannot be graded get a named reason, and everyone else is graded;
 - Gradescope's results.json per submission: the format, the scores, no hidden test; the CSV of one
   assignment, with the students' submission times and lateness, written where asked, nothing left untracked;
@@ -75,15 +75,28 @@ def _scores(recs: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def sequential(course):
-    proc = run_grade(course, "autograde", A, "--jobs", "1", "--quiet")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = records(course), gradebook(course), proc.stdout
+    """The class graded one submission at a time: three shards (`--shard i/3 --jobs 1`, a worker each) run as
+    separate processes at once, then merged, and merged again. What every other run is held to."""
+    shards = [subprocess.Popen([sys.executable, "-m", "autograder.grade", "autograde", A, "--shard", f"{i}/3",
+                                "--jobs", "1", "--quiet"], cwd=course, env=__import__("grading_course").env(course),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in (1, 2, 3)]
+    outs = [p.communicate(timeout=1800)[0] for p in shards]
+    assert all(p.returncode == 0 for p in shards), "\n".join(o[-2000:] for o in outs)
+    files = [os.path.join(course, "graded", A, f"shard-{i}-of-3.json") for i in (1, 2, 3)]
+    run = {"shard_students": sorted(r["student"] for f in files for r in json.load(open(f))["records"]),
+           "book_before_merge": gradebook(course)}
+    proc = run_grade(course, "merge", *files)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run.update(records=records(course), book=gradebook(course))
+    proc = run_grade(course, "merge", *files)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run["book_merged_twice"] = gradebook(course)
     clear_results(course)
-    return out
+    return run
 
 
 def test_parallel_grading_gives_the_sequential_scores_and_regrades_only_changes(course, sequential):
-    seq_records, seq_book, seq_out = sequential
+    seq_records, seq_book = sequential["records"], sequential["book"]
     assert _scores(seq_records) == {"alice": {"test_copy_to_region": 6.0, "test_reduce_from_region": 6.0},
                                     "bob": {"test_copy_to_region": 0.0, "test_reduce_from_region": 0.0},
                                     "carol": {"test_copy_to_region": 0.0, "test_reduce_from_region": 6.0},
@@ -114,23 +127,14 @@ def test_parallel_grading_gives_the_sequential_scores_and_regrades_only_changes(
     write_submission(course, "carol", edit(reference(course), "tp_mappings", lambda s: s.replace(*WRONG)))
 
 
-def test_three_shards_merged_give_the_single_run_and_merging_twice_changes_nothing(course, sequential):
-    _, seq_book, _ = sequential
-    clear_results(course)
-    shards = [subprocess.Popen([sys.executable, "-m", "autograder.grade", "autograde", A, "--shard", f"{i}/3",
-                                "--jobs", "1", "--quiet"], cwd=course, env=__import__("grading_course").env(course),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in (1, 2, 3)]
-    outs = [p.communicate(timeout=1800)[0] for p in shards]
-    assert all(p.returncode == 0 for p in shards), "\n".join(o[-2000:] for o in outs)
-    files = [os.path.join(course, "graded", A, f"shard-{i}-of-3.json") for i in (1, 2, 3)]
-    assert sorted(r["student"] for f in files for r in json.load(open(f))["records"]) == ["alice", "bob", "carol",
-                                                                                           "dave"]
-    assert gradebook(course) == {}, "a shard must not write the gradebook"
-    proc = run_grade(course, "merge", *files)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert gradebook(course) == seq_book
-    proc = run_grade(course, "merge", *files)
-    assert proc.returncode == 0 and gradebook(course) == seq_book
+def test_three_shards_merged_give_the_single_run_and_merging_twice_changes_nothing(sequential):
+    # every student in exactly one shard; no shard writes the gradebook; the merge gives the gradebook of a
+    # single run (the parallel run above is held to it), and merging again changes nothing
+    assert sequential["shard_students"] == ["alice", "bob", "carol", "dave"]
+    assert sequential["book_before_merge"] == {}, "a shard must not write the gradebook"
+    assert sequential["book"] == {s: {c: float(p) for c, p in cells.items()}
+                                  for s, cells in _scores(sequential["records"]).items()}
+    assert sequential["book_merged_twice"] == sequential["book"]
 
 
 def test_submissions_that_cannot_be_graded_get_a_reason_and_the_others_are_graded(course, tmp_path):
@@ -280,19 +284,21 @@ def test_the_course_runs_as_a_gradescope_autograder(course, tmp_path):
                 "autograder/runtime/dist.py", "autograder/checks/__init__.py"} <= set(whl.namelist())
     assert not [n for n in names if n.startswith(("solutions/", "tests/"))]
     assert f"-m autograder.grading.gradescope {A} --course /autograder/source" in run
-    for student, nb, expected in (("ref", reference(course), 12), ("stub", release(course), 0)):
-        upload = tmp_path / "autograder" / f"submission-{student}"
-        upload.mkdir()
-        (upload / "my_lab.ipynb").write_text(json.dumps(nb))  # Gradescope keeps the student's file name
-        results = tmp_path / f"results-{student}.json"
-        env = dict(__import__("grading_course").env(course), PYTHONPATH="")  # only the installed autograder
-        proc = subprocess.run([sys.executable, "-m", "autograder.grading.gradescope", A, "--course",
-                               str(tmp_path / "autograder" / "source"), "--submission", str(upload), "--results",
-                               str(results)], env=env, capture_output=True, text=True, timeout=900)
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-        data = json.loads(results.read_text())
-        assert data["score"] == expected and len(data["tests"]) == 2
-        assert all(t["name"].startswith("Exercise 1 \u00b7 ") for t in data["tests"])
+    # one upload (each is a fresh run of the package: ~15 s), partly right: neither every point nor none
+    upload = tmp_path / "autograder" / "submission"
+    upload.mkdir()
+    wrong = edit(reference(course), "tp_mappings", lambda s: s.replace(*WRONG))
+    (upload / "my_lab.ipynb").write_text(json.dumps(wrong))  # Gradescope keeps the student's file name
+    results = tmp_path / "results.json"
+    env = dict(__import__("grading_course").env(course), PYTHONPATH="")  # only the installed autograder
+    proc = subprocess.run([sys.executable, "-m", "autograder.grading.gradescope", A, "--course",
+                           str(tmp_path / "autograder" / "source"), "--submission", str(upload), "--results",
+                           str(results)], env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    data = json.loads(results.read_text())
+    assert data["score"] == 6 and len(data["tests"]) == 2
+    assert all(t["name"].startswith("Exercise 1 \u00b7 ") for t in data["tests"])
+    assert sorted(t["score"] for t in data["tests"]) == [0, 6], data["tests"]
 
 
 def _worker_of(student: str) -> int | None:
@@ -330,6 +336,11 @@ def test_a_worker_that_dies_is_replaced_and_its_submission_graded_once_more(cour
     slow = edit(reference(course), "tp_mappings", lambda s: s + "\nimport time as _t\n_t.sleep(4)\n")
     for student in ("kill-once", "kill-twice"):
         write_submission(course, student, slow)
+    # bob adds a note to his notebook: graded again beside them (the unchanged others are not)
+    noted = release(course)
+    noted["cells"].append({"cell_type": "code", "execution_count": None, "id": "bobs-note", "metadata": {},
+                           "outputs": [], "source": "# bob: try again after the lecture"})
+    write_submission(course, "bob", noted)
     kills = {"kill-once": 1, "kill-twice": 2}
     done = threading.Event()
 
@@ -347,7 +358,7 @@ def test_a_worker_that_dies_is_replaced_and_its_submission_graded_once_more(cour
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()
     try:
-        proc = run_grade(course, "autograde", A, "--jobs", "2", "--quiet", "--force")
+        proc = run_grade(course, "autograde", A, "--jobs", "2", "--quiet")
     finally:
         done.set()
         thread.join()
@@ -365,7 +376,8 @@ def test_a_worker_that_dies_is_replaced_and_its_submission_graded_once_more(cour
         assert "died while grading this submission" in recs["kill-twice"]["reason"] and \
             "twice" in recs["kill-twice"]["reason"]
         assert "1 submission(s) could not be graded" in proc.stdout and "kill-twice" in proc.stdout
-        assert recs["alice"]["score"] == 12 and recs["bob"]["score"] == 0  # everyone else, graded
+        assert recs["bob"]["status"] == "graded" and recs["bob"]["score"] == 0  # the others: graded
+        assert recs["alice"]["score"] == 12
     finally:
         for student in kills:
             with contextlib.suppress(FileNotFoundError):

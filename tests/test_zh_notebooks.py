@@ -17,7 +17,9 @@ zh/notebooks/<assignment>.md (autograder/authoring/translations.py). Here:
 - the release leak check of tests/test_release.py holds for the Chinese release and the catalogs;
 - grading: the Chinese release built with nbgrader, graded by `python -m autograder.grade demo`
   (reference, untouched and wrong submissions), gets exactly the English release's scores, cell by
-  cell (one assignment in `make test`, all six with COURSE_EXHAUSTIVE=1).
+  cell: every point, none, and all but the cells the wrong submission's mistake fails, which is what
+  tests/test_pipeline.py's demo holds the English release to (one assignment in `make test`, all six
+  with COURSE_EXHAUSTIVE=1).
 """
 
 from __future__ import annotations
@@ -193,10 +195,23 @@ def test_no_solution_or_hidden_test_text_in_the_chinese_release_or_its_catalog(a
 # ---------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def courses(tmp_path_factory):
-    """Two scratch copies of the course: English as committed, and one whose release will be rebuilt in Chinese."""
-    base = tmp_path_factory.mktemp("zh-grading")
-    return {lang: copy_course(str(base / lang)) for lang in ("en", "zh")}
+def zh_course(tmp_path_factory):
+    """A scratch copy of the course whose release will be rebuilt in Chinese."""
+    return copy_course(str(tmp_path_factory.mktemp("zh-grading") / "zh"))
+
+
+def _english_cells(assignment: str) -> dict[str, list[tuple]]:
+    """What the English release gets, cell by cell: the reference every point, the untouched notebook none,
+    the wrong submission all but the cells its mistake fails (the demo of tests/test_pipeline.py grades
+    the English release and holds it to exactly this)."""
+    source = nbformat.read(submissions.notebook_path("source", assignment), as_version=4)
+    cells = [(c.metadata["nbgrader"]["grade_id"], float(c.metadata["nbgrader"]["points"])) for c in source.cells
+             if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade")
+             and not c.metadata["nbgrader"].get("solution")]
+    wrong = next(m for m in submissions.mutants_of(assignment) if m.demo).must_fail
+    passes = {"reference": lambda gid: True, "untouched": lambda gid: False, "wrong": lambda gid: gid not in wrong}
+    return {student: [(gid, pts if ok(gid) else 0.0, pts, ok(gid)) for gid, pts in cells]
+            for student, ok in passes.items()}
 
 
 def _env(root: str, lang: str) -> dict:
@@ -235,31 +250,32 @@ def _graded_params():
 
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("assignment", _graded_params())
-def test_the_chinese_release_grades_exactly_as_the_english(assignment, courses):
+def test_the_chinese_release_grades_exactly_as_the_english(assignment, zh_course):
     t0 = time.monotonic()
-    graded = {lang: _build_and_grade(root, lang, assignment) for lang, root in courses.items()}
+    graded = _build_and_grade(zh_course, "zh", assignment)
     seconds = time.monotonic() - t0
-    zh_root = courses["zh"]
-    release = submissions.notebook_path("release", assignment).replace(ROOT, zh_root)
+    release = submissions.notebook_path("release", assignment).replace(ROOT, zh_course)
     built = open(release, encoding="utf-8").read()
     assert json.loads(built)["metadata"]["course"]["language"] == "zh"
     # the nbgrader-built Chinese release is the English release translated on the fly (package, site)
     assert built == _translated(submissions.notebook_path("release", assignment), assignment)
     assert not _leaks(built, assignment) and "BEGIN SOLUTION" not in built and "HIDDEN TESTS" not in built
+    english = _english_cells(assignment)
     for student in ("reference", "untouched", "wrong"):
-        en, zh = graded["en"][student], graded["zh"][student]
-        assert en["status"] == zh["status"] == "graded", (en.get("reason"), zh.get("reason"))
-        assert _cells(zh) == _cells(en), f"{student}: the Chinese release grades differently"
-        assert (zh["score"], zh["max_score"]) == (en["score"], en["max_score"])
-    ref, untouched, wrong = (graded["zh"][s] for s in ("reference", "untouched", "wrong"))
+        zh = graded[student]
+        assert zh["status"] == "graded", zh.get("reason")
+        assert _cells(zh) == english[student], f"{student}: the Chinese release grades differently"
+        assert (zh["score"], zh["max_score"]) == (sum(c[1] for c in english[student]),
+                                                  sum(c[2] for c in english[student]))
+    ref, untouched, wrong = (graded[s] for s in ("reference", "untouched", "wrong"))
     assert ref["score"] == ref["max_score"] > 0 and untouched["score"] == 0 < wrong["score"] < wrong["max_score"]
     # the feedback a Chinese student reads is the Chinese notebook, with the checks' (English) verdicts
     name = os.path.basename(release).replace(".ipynb", ".html")
-    feedback = open(os.path.join(zh_root, "feedback", "wrong", assignment, name), encoding="utf-8").read()
+    feedback = open(os.path.join(zh_course, "feedback", "wrong", assignment, name), encoding="utf-8").read()
     first = nbformat.reads(built, as_version=4).cells[0].source.splitlines()[0].lstrip("# ").strip()
     assert CJK.search(first) and first in feedback, first
-    print(f"\n{assignment}: graded in English and Chinese in {seconds:.1f} s; scores "
-          + ", ".join(f"{s} {graded['zh'][s]['score']:g}" for s in ("reference", "untouched", "wrong")))
+    print(f"\n{assignment}: built and graded in Chinese in {seconds:.1f} s; scores "
+          + ", ".join(f"{s} {graded[s]['score']:g}" for s in ("reference", "untouched", "wrong")))
 
 
 # ---------------------------------------------------------------------------
