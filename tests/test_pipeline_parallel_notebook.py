@@ -58,6 +58,8 @@ class TestPipelineParallelNotebook(NotebookTests):
                                 "test_pipeline_zb_memory"},
     }
     exact_sample = {"loss_summed_not_averaged"}
+    # Exercise 7's ZB-H1 list is run by exercise 9's executor test: it names Exercise 7 while it is a stub
+    stub_sample = {"zb_h1"}
     slow_to_catch = {m.name for m in mutants_of(A)} - CAUGHT_IN_MAKE_TEST
     sweep_graded_cells_only = True
 

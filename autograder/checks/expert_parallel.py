@@ -32,7 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from autograder.checks import expect_value_errors, inputs_only
 from autograder.runtime.compare import CheckFailure, Findings, assert_close, dtype_name, fmt_shape
-from autograder.runtime.dist import DistributedError, rank_device, run_distributed
+from autograder.runtime.dist import rank_device, run_distributed
 from autograder.runtime.ledger import CommLedger, check_consistent, expect_no_comm, format_trace
 from autograder.lessons.volume import all_to_all_traffic
 
@@ -384,29 +384,6 @@ def _router_logits(gen, num_tokens, num_experts, k, ties):
 def _first_bad_row(got_map: torch.Tensor, want_map: torch.Tensor):
     bad = (got_map != want_map).any(dim=1).nonzero().flatten()
     return int(bad[0]) if len(bad) else None
-
-
-# the exercise (answer cell) of each student function, for checks that use functions of several exercises
-_EXERCISE_OF = {"topk_router": 1, "load_balancing_loss": 1, "permute": 2, "unpermute": 2, "_AllToAll": 3,
-                "all_to_all": 3, "AllToAllTokenDispatcher": 4, "apply_router_token_dropping": 5, "MoELayer": 6,
-                "post_all_to_all": 7, "_OverlappedExperts": 7, "OverlappedMoELayer": 7}
-
-
-def _run(exercise: int, program, world_size: int, **kwargs):
-    """run_distributed for a check of `exercise` that uses other exercises' functions too: a stub of ANOTHER
-    exercise is named with its own exercise (the cell's label alone would send the student to the wrong
-    answer cell)."""
-    try:
-        return run_distributed(program, world_size, **kwargs)
-    except DistributedError as exc:
-        stub = exc.stub
-        owner = _EXERCISE_OF.get(stub.split(".")[0]) if stub else None
-        if owner is not None and owner != exercise:
-            raise NotImplementedError(
-                f"Exercise {owner} is not done yet: {stub} is still the stub (it raises NotImplementedError). "
-                f"This test uses it: implement Exercise {owner} first, run its cell, then run this one again."
-            ) from None
-        raise
 
 
 def _one_rank(program, *args, timeout: float = _TIMEOUT):
@@ -1014,9 +991,9 @@ def check_dispatch(AllToAllTokenDispatcher, *, world_size: int = 2, ep_size: int
     "dropped" (tokens with fewer than k experts).
     """
     case = _dispatch_case(world_size, ep_size, num_experts, num_tokens, k, hidden, dtype, seed, pattern)
-    results = _run(4, _dispatch_rank, world_size,
-                   args=(AllToAllTokenDispatcher, inputs_only(case, "expected"), "dispatch", backend),
-                   timeout=timeout, backend=backend)
+    results = run_distributed(_dispatch_rank, world_size,
+                              args=(AllToAllTokenDispatcher, inputs_only(case, "expected"), "dispatch", backend),
+                              timeout=timeout, backend=backend)
     ctx = _case_ctx("dispatch", case, world_size, num_tokens, pattern)
     check_consistent([r["records"] for r in results], context=ctx)
     findings = Findings()
@@ -1057,9 +1034,9 @@ def check_combine(AllToAllTokenDispatcher, *, world_size: int = 2, ep_size: int 
     """
     case = _with_upstream(_dispatch_case(world_size, ep_size, num_experts, num_tokens, k, hidden, dtype, seed,
                                          pattern), seed)
-    results = _run(4, _dispatch_rank, world_size,
-                   args=(AllToAllTokenDispatcher, inputs_only(case, "expected"), "round_trip", backend),
-                   timeout=timeout, backend=backend)
+    results = run_distributed(_dispatch_rank, world_size,
+                              args=(AllToAllTokenDispatcher, inputs_only(case, "expected"), "round_trip", backend),
+                              timeout=timeout, backend=backend)
     ctx = _case_ctx("combine", case, world_size, num_tokens, pattern)
     for rank, res in enumerate(results):
         x = case["x"][rank].double()
@@ -1094,9 +1071,9 @@ def check_dispatcher_communication(AllToAllTokenDispatcher, *, world_size: int =
     """
     case = _with_upstream(_dispatch_case(world_size, ep_size, num_experts, num_tokens, k, hidden, dtype, seed,
                                          pattern), seed)
-    results = _run(4, _dispatch_rank, world_size,
-                   args=(AllToAllTokenDispatcher, inputs_only(case, "expected"), "weighted", backend),
-                   timeout=timeout, backend=backend)
+    results = run_distributed(_dispatch_rank, world_size,
+                              args=(AllToAllTokenDispatcher, inputs_only(case, "expected"), "weighted", backend),
+                              timeout=timeout, backend=backend)
     ctx = _case_ctx("dispatch -> combine -> backward", case, world_size, num_tokens, pattern)
     check_consistent([r["records"] for r in results], context=ctx)
     findings = Findings()
@@ -1446,8 +1423,8 @@ def check_moe_layer(MoELayer, *, world_size: int = 2, ep_size: int | None = None
     case = _moe_case(world_size, ep_size, num_experts, k, hidden, ffn, num_tokens, capacity_factor, dtype, seed,
                      pattern)
     ref = _moe_reference(case, aux_coeff)
-    results = _run(6, _moe_rank, world_size, args=(MoELayer, case, aux_coeff, backend), timeout=timeout,
-                   backend=backend)
+    results = run_distributed(_moe_rank, world_size, args=(MoELayer, case, aux_coeff, backend), timeout=timeout,
+                              backend=backend)
     ctx = (f"MoELayer({hidden}, {ffn}, {num_experts}, k={k}"
            + (f", capacity_factor={capacity_factor}" if capacity_factor is not None else "")
            + f"), world size {world_size}" + (f" (EP groups {case['groups']})" if len(case["groups"]) > 1 else "")
@@ -1548,9 +1525,9 @@ def plot_dispatch(AllToAllTokenDispatcher, *, world_size: int = 4, num_experts: 
         print(missing)
         return None
     case = _dispatch_case(world_size, None, num_experts, num_tokens, k, hidden, dtype, seed, "starve_expert")
-    results = _run(4, _picture_rank, world_size,
-                   args=(AllToAllTokenDispatcher, inputs_only(case, "expected"), backend),
-                   timeout=timeout, backend=backend)
+    results = run_distributed(_picture_rank, world_size,
+                              args=(AllToAllTokenDispatcher, inputs_only(case, "expected"), backend),
+                              timeout=timeout, backend=backend)
     local = case["local"]
     matrix = torch.zeros(world_size, num_experts, dtype=torch.int64)
     for r, res in enumerate(results):

@@ -46,9 +46,10 @@ import torch.distributed as dist
 
 from autograder.checks.expert_parallel import (
     _INT_DTYPES, _TIMEOUT, _compare_moe, _is_float, _map_from, _moe_case, _moe_reference, _ref_capacity,
-    _ref_probs, _ref_topk, _require, _run, _run_moe_layer,
+    _ref_probs, _ref_topk, _require, _run_moe_layer,
 )
 from autograder.runtime.compare import CheckFailure, dtype_name
+from autograder.runtime.dist import run_distributed
 from autograder.runtime.ledger import CommLedger, check_consistent, expect_no_comm, format_trace
 
 __all__ = ["check_overlapped_moe_layer", "check_moe_overlap", "print_overlap_timeline", "halves"]
@@ -295,8 +296,8 @@ def check_overlapped_moe_layer(OverlappedMoELayer, *, world_size: int = 2, ep_si
     case = _overlap_case(world_size, ep_size, num_experts, k, hidden, ffn, num_tokens, capacity_factor, dtype, seed,
                          pattern, strict=False)
     ref = _moe_reference(case, aux_coeff)
-    results = _run(7, _overlap_rank, world_size, args=(OverlappedMoELayer, case, aux_coeff, backend),
-                   timeout=timeout, backend=backend)
+    results = run_distributed(_overlap_rank, world_size, args=(OverlappedMoELayer, case, aux_coeff, backend),
+                              timeout=timeout, backend=backend)
     ctx = _ctx("OverlappedMoELayer", case, world_size, num_tokens, pattern)
     _compare_moe(case, ref, results, ctx, expect_comm=_expect_overlapped_comm)
 
@@ -472,8 +473,8 @@ def check_moe_overlap(OverlappedMoELayer, *, world_size: int = 2, ep_size: int |
     case = _overlap_case(world_size, ep_size, num_experts, k, hidden, ffn, num_tokens, None, dtype, seed,
                          "random", strict=True)
     ref = _moe_reference(case, aux_coeff)
-    results = _run(7, _overlap_rank, world_size, args=(OverlappedMoELayer, case, aux_coeff, backend),
-                   timeout=timeout, backend=backend)
+    results = run_distributed(_overlap_rank, world_size, args=(OverlappedMoELayer, case, aux_coeff, backend),
+                              timeout=timeout, backend=backend)
     ctx = _ctx("OverlappedMoELayer", case, world_size, num_tokens, "random")
     check_consistent([r["records"] for r in results], context=ctx)
     for members in case["groups"]:
@@ -491,7 +492,8 @@ def print_overlap_timeline(OverlappedMoELayer, *, world_size: int = 2, rank: int
     case = _overlap_case(world_size, None, num_experts, k, 6, 8, num_tokens, None, torch.float64, seed, "random",
                          strict=True)
     ref = _moe_reference(case, 0.5)
-    results = _run(7, _overlap_rank, world_size, args=(OverlappedMoELayer, case, 0.5, backend), timeout=timeout,
+    results = run_distributed(_overlap_rank, world_size, args=(OverlappedMoELayer, case, 0.5, backend),
+                              timeout=timeout,
                    backend=backend)
     ctx = _ctx("OverlappedMoELayer", case, world_size, num_tokens, "random")
     res, members = results[rank], case["groups"][0]

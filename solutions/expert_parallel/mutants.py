@@ -9,6 +9,8 @@ every all-to-all at once: right numbers, no overlap, partial credit.
 from solutions.submissions import mutant
 
 LAYER_CELLS = ("test_moe_layer", "test_moe_capacity")
+# Exercise 7's OverlappedMoELayer is built on the student's router, permutation, capacity and MoELayer's experts
+# (not on the dispatcher: it posts its own all-to-alls), so a mistake there fails test_overlapped_moe_layer too
 
 MUTANTS = [
     # -- the issue's list ------------------------------------------------------------
@@ -38,7 +40,7 @@ MUTANTS = [
         "probs_applied_twice", "permutation",
         [("permuted_tokens = permuted_tokens * permuted_probs.unsqueeze(-1)  # [N, h]",
           "permuted_tokens = permuted_tokens * permuted_probs.unsqueeze(-1) ** 2  # [N, h]")],
-        must_fail={"test_unpermute", "test_combine", *LAYER_CELLS},
+        must_fail={"test_unpermute", "test_combine", *LAYER_CELLS, "test_overlapped_moe_layer"},
         why="the probabilities are applied twice (squared)",
     ),
     mutant(
@@ -74,7 +76,7 @@ MUTANTS = [
         [('scores = probs.detach().masked_fill(~routing_map, float("-inf"))',
           'scores = probs.detach().masked_fill(~routing_map, float("inf"))'),
          ("descending=True, stable=True", "descending=False, stable=True")],
-        must_fail={"test_token_dropping", "test_moe_capacity"},
+        must_fail={"test_token_dropping", "test_moe_capacity", "test_overlapped_moe_layer"},
         why="capacity keeps the lowest-probability tokens (drops the highest)",
     ),
     mutant(
@@ -91,28 +93,28 @@ MUTANTS = [
         "router_torch_topk", "router",
         [("top_indices = torch.sort(logits, dim=-1, descending=True, stable=True).indices[:, :k]  # [T, k]",
           "top_indices = torch.topk(logits, k, dim=-1).indices  # [T, k]")],
-        must_fail={"test_topk_router", "test_moe_layer"},
+        must_fail={"test_topk_router", "test_moe_layer", "test_overlapped_moe_layer"},
         why="torch.topk: ties are not broken toward the lower expert index",
     ),
     mutant(
         "router_probs_no_grad", "router",
         [("top_probs = torch.softmax(logits.gather(1, top_indices).to(compute_dtype), dim=-1)  # [T, k]",
           "top_probs = torch.softmax(logits.detach().gather(1, top_indices).to(compute_dtype), dim=-1)  # [T, k]")],
-        must_fail={"test_topk_router", *LAYER_CELLS},
+        must_fail={"test_topk_router", *LAYER_CELLS, "test_overlapped_moe_layer"},
         why="the router's probabilities are built from detached logits",
     ),
     mutant(
         "aux_loss_softmax_over_topk", "router",
         [("scores = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)  # [T, E]",
           "scores = topk_router(logits, k=k)[0]  # [T, E]")],
-        must_fail={"test_load_balancing_loss", *LAYER_CELLS},
+        must_fail={"test_load_balancing_loss", *LAYER_CELLS, "test_overlapped_moe_layer"},
         why="the aux loss uses the top-k probabilities instead of the softmax over all experts",
     ),
     mutant(
         "unpermute_overwrites", "permutation",
         [("return output.index_add(0, sorted_indices, permuted_tokens)",
           "return output.index_copy(0, sorted_indices, permuted_tokens)")],
-        must_fail={"test_unpermute", "test_combine", *LAYER_CELLS},
+        must_fail={"test_unpermute", "test_combine", *LAYER_CELLS, "test_overlapped_moe_layer"},
         why="the k copies of a token overwrite each other instead of being summed",
     ),
     mutant(
@@ -129,7 +131,7 @@ MUTANTS = [
         "moe_global_rank", "moe_layer",
         [('size, rank = _group_size_rank(ep_group, "MoELayer")',
           'size, _ = _group_size_rank(ep_group, "MoELayer")\n        rank = dist.get_rank()')],
-        must_fail=set(LAYER_CELLS),
+        must_fail={*LAYER_CELLS, "test_overlapped_moe_layer", "test_moe_overlap"},
         why="local experts chosen by the global rank: wrong on an EP group that is a subgroup",
     ),
     mutant(
