@@ -493,8 +493,7 @@ def print_overlap_timeline(OverlappedMoELayer, *, world_size: int = 2, rank: int
                          strict=True)
     ref = _moe_reference(case, 0.5)
     results = run_distributed(_overlap_rank, world_size, args=(OverlappedMoELayer, case, 0.5, backend),
-                              timeout=timeout,
-                   backend=backend)
+                              timeout=timeout, backend=backend)
     ctx = _ctx("OverlappedMoELayer", case, world_size, num_tokens, "random")
     res, members = results[rank], case["groups"][0]
     pairs = _half_splits(case, ref["kept"], members, rank, rank)
