@@ -543,7 +543,7 @@ def _cmd(pid: int) -> str:
 
 
 def _running(cmd: str) -> list[int]:
-    """Live processes running `cmd` (in this session, or orphaned to init)."""
+    """Live processes on this machine whose command line is exactly `cmd`, wherever they are in the tree."""
     out = []
     for name in os.listdir("/proc"):
         if name.isdigit():
