@@ -37,8 +37,16 @@ from __future__ import annotations
 import ast
 import contextlib
 import io
+import re
 
-__all__ = ["run_hidden", "describe_hidden_failure", "HiddenCases", "case_count"]
+__all__ = ["run_hidden", "describe_hidden_failure", "HiddenCases", "case_count", "KINDS"]
+
+# how a hidden case can fail: each message's `hidden case i of n (check): <kind>` starts with one of these
+KINDS = ("a stub", "wrong values", "wrong or missing communication", "the ranks called different collectives",
+         "a collective was given a non-contiguous tensor", "your code raised", "a rank raised", "a deadlock",
+         "the ranks did not finish in time", "the ranks did not start in time", "a rank's process died",
+         "a rank failed", "a wrong result", "the check could not use", "the submission's process did not answer",
+         "the ranks' results could not be used")
 
 _NOT_SHOWN = ("The hidden cases' inputs (world sizes, flags, shapes, tensors) are not shown: the visible tests "
               "run the same check on inputs you can read; try yours on other sizes too.")
@@ -192,6 +200,12 @@ def _blocked_lines(failures) -> list[str]:
     return out
 
 
+# a check's own message about communication (read here, never shown): the ledger's trace (`format_trace`) or a
+# count of collectives
+_COMMUNICATION = re.compile(r"Communication of rank|\(no communication\)| \| group of \d+ \||expected \d+ (all_reduce|"
+                            r"all_gather|reduce_scatter|all_to_all|broadcast|send|recv|isend|irecv|collective)")
+
+
 def _check_failure_kind(exc: BaseException) -> str:
     kinds = getattr(exc, "kinds", None)
     if kinds:
@@ -209,7 +223,7 @@ def _check_failure_kind(exc: BaseException) -> str:
         tb = tb.tb_next
     if module == "autograder.runtime.compare":
         return "wrong values"
-    if module == "autograder.runtime.ledger":
+    if module == "autograder.runtime.ledger" or _COMMUNICATION.search(str(exc)):
         return "wrong or missing communication"
     return "a wrong result (its values, its structure, or an error it should raise)"
 
@@ -241,8 +255,8 @@ def _distributed_kind(exc) -> tuple[str, list[str]]:
         return "a collective was given a non-contiguous tensor", frames
     if frames:
         return f"your code raised {root.exc_type or 'an exception'} (its message is not shown)", frames
-    return (f"a rank stopped with {root.exc_type or 'an exception'} in the check's code: what your code returned "
-            f"or did is not what the check can use"), []
+    return (f"a rank raised {root.exc_type or 'an exception'} outside your own lines (in torch or in the check's "
+            f"code), from what your code set up or returned"), []
 
 
 def _kind(exc: BaseException) -> tuple[str, list[str]]:
@@ -268,15 +282,16 @@ def describe_hidden_failure(exc: BaseException, cases: HiddenCases, total: int |
                             header: str | None = None) -> str:
     """The verdict of a failed hidden part: the exercise, which case, how; none of the case's data."""
     text = str(exc)
+    of = f" of {total}" if total and cases.current and total >= cases.current else ""
     if isinstance(exc, NotImplementedError) and getattr(exc, "record", None) is None \
-            and " is not done yet: " in text.partition("\n")[0]:
-        return f"NotImplementedError: {text}"  # `checking`'s line for a stub: a function name, no data
+            and " is not done yet: " in text.partition("\n")[0]:  # `checking`'s line for a stub: no data in it
+        case = f"\nhidden case {cases.current}{of} ({cases.name}): a stub." if cases.current else ""
+        return f"NotImplementedError: {text.partition(chr(10))[0]}{case}"
     head = header or (text.partition("\n")[0] if text.partition("\n")[0].endswith(": FAILED") else "FAILED")
     if cases.current is None:
         where = ("the hidden tests' own set-up failed before their first case" if cases.started == 0
                  else f"the hidden tests failed after case {cases.started}, outside any check")
         return f"{_type_name(exc)}: {head}\n{where}. {_NOT_SHOWN}"
-    of = f" of {total}" if total and total >= cases.current else ""
     how, lines = _kind(exc)
     body = [f"hidden case {cases.current}{of} ({cases.name}): {how}."] + lines + [_NOT_SHOWN]
     return f"{_type_name(exc)}: {head}\n" + "\n".join(body)
