@@ -37,6 +37,7 @@ from conftest import sample
 from course import ROOT, assignments
 
 sys.path.insert(0, ROOT)
+from autograder.grading.trusted import _executable_cells  # noqa: E402 - the cells the student's process runs
 from solutions import submissions  # noqa: E402
 
 A = "02_tensor_parallel"
@@ -128,7 +129,8 @@ def test_a_patch_the_text_scan_cannot_see_is_flagged_from_the_zygotes_report():
             cell.source += "\n\n" + WRAP_A_LEDGER_METHOD
     with open(submissions.notebook_path("source", A), encoding="utf-8") as f:
         source = json.load(f)
-    assert scan_notebook(json.loads(nbformat.writes(nb)), source) == []  # the text alone shows nothing
+    cells = _executable_cells(json.loads(nbformat.writes(nb)))
+    assert scan_notebook(cells, source) == []  # the text alone shows nothing
     v = _grade("reference", WRAP_A_LEDGER_METHOD)[CELL]
     assert v.passed and v.points == 5, v.message
     assert v.flag and "autograder.runtime.ledger.CommLedger.outside (replaced)" in v.flag, v.flag
@@ -210,6 +212,6 @@ def test_no_notebook_of_the_course_is_flagged_by_the_text_scan(assignment):
                  ("release", submissions.untouched_submission(assignment))]
     notebooks += [(m.name, submissions.mutant_submission(assignment, m)) for m in submissions.mutants_of(assignment)]
     t0 = time.monotonic()
-    found = {name: scan_notebook(json.loads(nbformat.writes(nb)), source) for name, nb in notebooks}
+    found = {name: scan_notebook(_executable_cells(json.loads(nbformat.writes(nb))), source) for name, nb in notebooks}
     print(f"\n{assignment}: {len(notebooks)} notebooks scanned in {time.monotonic() - t0:.1f} s")
     assert not {k: v for k, v in found.items() if v}

@@ -377,7 +377,8 @@ def _grade_into(record: dict, job: dict, work: str) -> None:
                                 **({"flag": v.flag[:1000]} if v.flag else {})})  # integrity: could be forged
     forged = sorted({v.flag for v in verdicts.values() if v.flag})
     if forged:
-        record["warnings"].append(f"{forged[0][:1000]} (flagged: {', '.join(g for g, v in verdicts.items() if v.flag)})")
+        cells = ", ".join(g for g, v in verdicts.items() if v.flag)
+        record["warnings"].append(f"{forged[0][:1000]} (flagged: {cells})")
     record["score"] = round(sum(c["points"] for c in record["cells"]), 4)
     record["max_score"] = round(sum(c["max_points"] for c in record["cells"]), 4) or record["max_score"]
     if disagree:

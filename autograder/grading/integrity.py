@@ -1,6 +1,6 @@
 """Verdicts the student's own process could have decided: find the notebooks that reach into it, flag their cells.
 
-    findings = scan_notebook(submitted_nb, source_nb)     # in the grader: the student's code, read as text
+    findings = scan_notebook(_executable_cells(submitted_nb), source_nb)  # in the grader: the code, read as text
     guard = Guard()                                        # in the zygote, before the student's cells run
     guard.changed()                                        # ... after them: what they replaced, by name
 
@@ -228,17 +228,16 @@ def _src(cell) -> str:
     return "".join(s) if isinstance(s, list) else str(s)
 
 
-def scan_notebook(submitted: dict, source: dict) -> list[str]:
+def scan_notebook(cells: list, source: dict) -> list[str]:
     """What in the student's code could forge what its processes report, one line each: `<cell>, line N:
-    <the line>: <why>`. The student's code: answer cells, given cells the student changed, and every other
-    code cell except the course's own (as released). Test cells are never run from the submission: skipped."""
-    from autograder.grading.trusted import _executable_cells
-
+    <the line>: <why>`. `cells`: (file name, code) of the cells the student's process runs
+    (`trusted._executable_cells(submitted)`); the student's code among them: answer cells, given cells the
+    student changed, and every other code cell except the course's own (as released in `source`)."""
     course_given = {_src(c) for c in source.get("cells", []) if c.get("cell_type") == "code"
                     and (_meta(c).get("locked") and not _meta(c).get("solution") or not _meta(c))}
     imports: dict = {}
     out = []
-    for filename, src in _executable_cells(submitted):
+    for filename, src in cells:
         if src in course_given or not src.strip():
             _imports_of(_parse(src), imports)  # the course's own cells: the names they import count
             continue

@@ -835,7 +835,7 @@ def grade_notebook(submitted: dict, source: dict, *, inputs: str | None = None, 
                 verdicts[gid] = CellVerdict(gid, ok, points if ok else 0.0, points, msg, ok_v, note)
             from autograder.grading.integrity import flag_verdicts, scan_notebook
 
-            flag_verdicts(verdicts, scan_notebook(submitted, source), client.tampered)
+            flag_verdicts(verdicts, scan_notebook(_executable_cells(submitted), source), client.tampered)
         finally:
             dist.set_executor(None)
             client.__exit__(None, None, None)
