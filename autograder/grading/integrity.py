@@ -332,6 +332,7 @@ class Guard:
         """Baseline every watched module not seen yet (the course's modules imported later: when first seen)."""
         import types
 
+        self._count = len(sys.modules)
         for name, module in list(sys.modules.items()):
             if module is None or not _watched(name) or name in self._modules:
                 continue
@@ -374,5 +375,6 @@ class Guard:
                 found.append(f"{key} ({'removed' if now is missing else 'replaced'})")
             elif code is not None and getattr(now, "__code__", None) is not code:
                 found.append(f"{key} (its code replaced)")
-        self._take()
+        if len(sys.modules) != self._count:  # modules imported since: baselined as they are now
+            self._take()
         return found
