@@ -237,7 +237,7 @@ def _distributed_kind(exc) -> tuple[str, list[str]]:
         return "the ranks' results could not be used (not one plain result per rank)", []
     if summary.startswith("run_distributed: deadlock"):
         return "a deadlock: every rank was blocked, none computing", _blocked_lines(failures)
-    if summary.startswith("run_distributed: timed out"):
+    if summary.startswith("run_distributed: timed out") or any(f.kind == "timeout" for f in failures):
         return "the ranks did not finish in time (a deadlock, or a very slow rank)", _blocked_lines(failures)
     if summary.startswith("run_distributed: the ranks did not all start"):
         return "the ranks did not start in time (the grading machine was overloaded)", []
@@ -255,6 +255,8 @@ def _distributed_kind(exc) -> tuple[str, list[str]]:
         return "a collective was given a non-contiguous tensor", frames
     if frames:
         return f"your code raised {root.exc_type or 'an exception'} (its message is not shown)", frames
+    if root.exc_type in ("CheckFailure", "AssertionError"):  # the check's own verdict, made in a rank
+        return "a wrong result (found in a rank)", []
     return (f"a rank raised {root.exc_type or 'an exception'} outside your own lines (in torch or in the check's "
             f"code), from what your code set up or returned"), []
 
