@@ -206,3 +206,26 @@ def test_cases_are_counted_as_they_run():
     assert case_count("with c:\n    for w in range(3):\n        check_a(f, w)", checks) is None
     assert case_count("with c:\n    def g():\n        check_a(f)\n    g()", checks) is None
     assert case_count("with c:\n    def g():\n        return 1\n    check_a(f, g())", checks) == 1
+
+
+def test_a_failure_is_described_by_its_kind_whatever_the_process_sent_back():
+    """What the student's process sends back (frames, stacks, names) is data it chose: a malformed record still
+    gives the case and a kind, and no message of the exception."""
+    from autograder.grading.redact import HiddenCases, describe_hidden_failure
+    from autograder.grading.trusted import remote_exception
+    from autograder.runtime.dist import DistributedError, RankFailure
+
+    cases = HiddenCases()
+    cases.started = cases.current = 2
+    cases.name = "check_x"
+    bad = DistributedError("run_distributed: rank(s) 0 failed (world size 4).", [RankFailure(0, "exception", "x")])
+    bad.failures[0].frames, bad.failures[0].kind, bad.failures[0].detail = 7, "timeout", 5
+    msg = describe_hidden_failure(bad, cases, 3, "Exercise 1 · w: FAILED")
+    assert msg.splitlines()[:2] == ["autograder.runtime.dist.DistributedError: Exercise 1 · w: FAILED",
+                                    "hidden case 2 of 3 (check_x): a failure of another kind."], msg
+    msg = describe_hidden_failure(remote_exception({"type": "ValueError", "message": "shape [4, 8]", "frames": "z"}),
+                                  cases, None, None)
+    assert "hidden case 2 (check_x): your code raised ValueError" in msg and "[4, 8]" not in msg, msg
+    msg = describe_hidden_failure(NotImplementedError("Exercise 3 is not done yet: f is still the stub"), cases, 3)
+    assert msg == ("NotImplementedError: Exercise 3 is not done yet: f is still the stub\n"
+                   "hidden case 2 of 3 (check_x): a stub."), msg

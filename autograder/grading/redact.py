@@ -46,7 +46,7 @@ KINDS = ("a stub", "wrong values", "wrong or missing communication", "the ranks 
          "a collective was given a non-contiguous tensor", "your code raised", "a rank raised", "a deadlock",
          "the ranks did not finish in time", "the ranks did not start in time", "a rank's process died",
          "a rank failed", "a wrong result", "the check could not use", "the submission's process did not answer",
-         "the ranks' results could not be used")
+         "the ranks' results could not be used", "a failure of another kind")
 
 _NOT_SHOWN = ("The hidden cases' inputs (world sizes, flags, shapes, tensors) are not shown: the visible tests "
               "run the same check on inputs you can read; try yours on other sizes too.")
@@ -160,7 +160,7 @@ def run_hidden(code: str, namespace: dict, label: str) -> tuple[bool, str]:
 
 
 # ---------------------------------------------------------------------------
-# The kind of failure, from the exception object (never from its text)
+# The kind of failure, from the exception object (its text is read, never shown)
 # ---------------------------------------------------------------------------
 
 def _type_name(exc: BaseException) -> str:
@@ -242,13 +242,14 @@ def _distributed_kind(exc) -> tuple[str, list[str]]:
     if summary.startswith("run_distributed: the ranks did not all start"):
         return "the ranks did not start in time (the grading machine was overloaded)", []
     root = failures[0]
+    root.exc_type = str(root.exc_type or "")[:80]  # a name the student's process sent: theirs, kept short
     if root.kind == "crash":
         first = root.detail.partition("\n")[0]
         how = first if first.startswith("killed by ") else "exited without returning"
         return f"a rank's process died ({how})", []
     if root.kind != "exception":
         return "a rank failed", _blocked_lines(failures)
-    frames = _frames_text(root.frames)
+    frames = _frames_text(root.frames if isinstance(root.frames, list) else [])
     if root.exc_type == "CollectiveMismatch":
         return "the ranks called different collectives (or one collective with different shapes or dtypes)", frames
     if root.exc_type == "NonContiguousTensor":
@@ -267,7 +268,7 @@ def _kind(exc: BaseException) -> tuple[str, list[str]]:
 
     if getattr(exc, "record", None) is not None:  # a student function the grader called raised in the zygote
         record = exc.record if isinstance(exc.record, dict) else {}
-        name = str(record.get("type") or "an exception")
+        name = str(record.get("type") or "an exception")[:80]
         if name in ("TimeoutError", "RuntimeError") and not record.get("frames"):
             return "the submission's process did not answer (it was stopped)", []
         return f"your code raised {name} (its message is not shown)", _frames_text(record.get("frames") or [])
@@ -294,6 +295,9 @@ def describe_hidden_failure(exc: BaseException, cases: HiddenCases, total: int |
         where = ("the hidden tests' own set-up failed before their first case" if cases.started == 0
                  else f"the hidden tests failed after case {cases.started}, outside any check")
         return f"{_type_name(exc)}: {head}\n{where}. {_NOT_SHOWN}"
-    how, lines = _kind(exc)
+    try:
+        how, lines = _kind(exc)
+    except Exception:  # noqa: BLE001 - what the student's process sent back (frames, stacks) is untrusted data
+        how, lines = "a failure of another kind", []
     body = [f"hidden case {cases.current}{of} ({cases.name}): {how}."] + lines + [_NOT_SHOWN]
     return f"{_type_name(exc)}: {head}\n" + "\n".join(body)
