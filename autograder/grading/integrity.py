@@ -146,7 +146,9 @@ def scan_source(src: str, imports: dict) -> list[tuple[int, str]]:
     try:
         tree = ast.parse(src)
     except SyntaxError:
-        return []
+        return []  # the cell failed in the student's process too: it replaced nothing
+    except (RecursionError, MemoryError, ValueError) as exc:
+        return [(0, f"code the grader could not read ({type(exc).__name__})")]
     _imports_of(tree, imports)
     found: list[tuple[int, str]] = []
 
@@ -242,7 +244,11 @@ def scan_notebook(cells: list, source: dict) -> list[str]:
             _imports_of(_parse(src), imports)  # the course's own cells: the names they import count
             continue
         lines = src.splitlines()
-        for line, why in scan_source(src, imports):
+        try:
+            found = scan_source(src, imports)
+        except Exception as exc:  # noqa: BLE001 - a cell the scan cannot read is one to review
+            found = [(0, f"code the grader could not scan ({type(exc).__name__})")]
+        for line, why in found:
             text = lines[line - 1].strip() if 0 < line <= len(lines) else ""
             where = filename[1:-1] if filename.startswith("<") else filename
             out.append(f"{where}, line {line}: `{text[:120]}`: {why}")
@@ -252,7 +258,7 @@ def scan_notebook(cells: list, source: dict) -> list[str]:
 def _parse(src: str):
     try:
         return ast.parse(src)
-    except SyntaxError:
+    except (SyntaxError, RecursionError, MemoryError, ValueError):
         return ast.Module(body=[], type_ignores=[])
 
 
