@@ -29,7 +29,11 @@ transformer exist only in the zygote. What the ranks report about themselves
 (their outputs and their communication ledger) is produced next to the
 student's code, and a submission written to forge it would pass: that is
 cheating by design, not a fault the grader can tell from a correct solution,
-and the threat model in the README says so.
+and the threat model in the README says so. The zygote serves with the
+runtime bound before the student's cells ran, and a notebook whose code
+reaches into that runtime has its points flagged for review
+(autograder.grading.integrity). A failed hidden case's message says which
+case and how, never its data (autograder.grading.redact).
 """
 
 from __future__ import annotations
