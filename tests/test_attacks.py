@@ -470,7 +470,7 @@ def test_a_gradebook_held_locked_by_another_process_is_waited_for(graded):
     proc = run_grade(course, "autograde", A, "--jobs", "2", "--quiet")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert time.monotonic() >= release_at - 0.5
-    assert gradebook(course)["late-student"] == {"test_copy_to_region": 6.0, "test_reduce_from_region": 6.0}
+    assert gradebook(course)["late-student"] == {"test_copy_to_region": 6.0, "test_reduce_from_region": 6.0, ARGS: 5.0}
     proc = run_grade(course, "scores")
     assert proc.returncode == 0 and "late-student" in proc.stdout
 

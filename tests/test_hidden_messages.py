@@ -69,7 +69,7 @@ def _source(assignment: str) -> dict:
         return json.load(f)
 
 
-def _grade(assignment: str, mutant, cells: set):
+def _grade(assignment: str, mutant, cells: set, **options):
     from autograder.grading.trusted import grade_notebook
 
     source = _source(assignment)
@@ -78,7 +78,7 @@ def _grade(assignment: str, mutant, cells: set):
     source["cells"] = [c for c in source["cells"] if not _meta(c).get("grade") or _meta(c).get("solution")
                        or _meta(c)["grade_id"] in cells]
     nb = json.loads(nbformat.writes(copy.deepcopy(submissions.mutant_submission(assignment, mutant))))
-    verdicts, _ = grade_notebook(nb, source)
+    verdicts, _ = grade_notebook(nb, source, **options)
     student = {line.strip() for c in nb["cells"] if c.get("cell_type") == "code" and _meta(c).get("solution")
                for line in "".join(c["source"]).splitlines() if line.strip()}
     return verdicts, hidden, student
@@ -196,6 +196,19 @@ def test_every_mutants_hidden_failures_name_the_case_and_kind_never_the_data(ass
     rows = _sweep(assignment, wrong)
     print(f"\n{assignment}: {len(wrong)} mutants graded in {time.monotonic() - t0:.1f} s; "
           f"{len({r.split()[2] for r in rows})} cell(s) failed in their hidden part:\n" + "\n".join(rows))
+
+
+def test_the_second_backends_note_names_the_case_not_its_data():
+    """The note of a cell run again on a second backend (NCCL on a GPU node; gloo here, the same path) quotes the
+    hidden case's line, as the verdict does."""
+    a, name = "04_context_parallel", "merge_no_max_subtraction"
+    verdicts, hidden, student = _grade(a, _mutant(a, name), {"test_ring_forward"}, second_backend="gloo")
+    v = verdicts["test_ring_forward"]
+    assert v.backend_note.startswith("gloo: FAILED (not graded): hidden case "), v.backend_note
+    checks = {n.id for n in ast.walk(ast.parse(hidden["test_ring_forward"])) if isinstance(n, ast.Name)
+              and n.id.startswith("check_")}
+    _assert_redacted("test_ring_forward", "header\n" + v.backend_note.split(": FAILED (not graded): ", 1)[1],
+                     hidden["test_ring_forward"], student, checks)
 
 
 def test_cases_are_counted_as_they_run():
