@@ -144,7 +144,7 @@ def test_a_deadlock_is_reported_within_seconds_with_where_each_rank_waits():
     elapsed = time.monotonic() - t0
     msg = str(info.value)
     assert elapsed < 10, f"a deadlock took {elapsed:.1f} s to report"
-    assert "deadlock" in msg and "none had used the CPU" in msg
+    assert "deadlock" in msg and "none made progress in between" in msg
     assert "ranks 0, 1: each was blocked in recv (torch.distributed)" in msg
     assert "in _deadlock" in msg and "dist.recv(t, src=1 - rank)" in msg  # the student's blocking line
 
@@ -247,8 +247,8 @@ def test_a_busy_rank_past_the_timeout_is_stopped_with_its_stack():
         run_distributed(_spin, 2, timeout=2)
     elapsed = time.monotonic() - t0
     msg = str(info.value)
-    assert 2 <= elapsed < 5
-    assert "timed out after 2 s" in msg
+    assert elapsed >= 2  # 2 CPU-seconds each take at least 2 s of the clock (longer on a busy machine)
+    assert "computed for 2 CPU-seconds without finishing" in msg  # the first rank to use it, or both
     assert "in _spin" in msg
 
 
@@ -363,11 +363,12 @@ def test_a_start_past_its_limit_is_reported_as_such(monkeypatch):
 
     monkeypatch.setattr(runtime_dist, "STARTUP_TIMEOUT_S", 0.2)
     t0 = time.monotonic()
-    with pytest.raises(DistributedError) as info:
+    with pytest.raises(runtime_dist.InconclusiveRun) as info:  # not a verdict on the code: the machine's
         run_distributed(_sum_ranks, 2, args=(0.0,), start_method="spawn", timeout=30)
     msg = str(info.value)
     assert time.monotonic() - t0 < 5
-    assert "did not all start within the start-up limit of 0.2 s" in msg and "timeout of 30 s had not begun" in msg
+    assert "inconclusive" in msg and "did not all start within 0.2 s" in msg and "your code had not begun" in msg
+    assert "not a verdict on your code" in msg
 
 
 def test_the_start_method_can_be_forced_to_spawn(monkeypatch):

@@ -495,3 +495,57 @@ def test_a_cell_whose_saved_output_disagrees_with_the_trusted_verdict_is_flagged
             shutil.rmtree(os.path.join(course, "submitted", s), ignore_errors=True)
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(course, "graded", A, f"{s}.json"))
+
+
+def test_an_undecided_check_is_graded_again_alone_then_needs_regrade_never_a_zero(tmp_path):
+    """A check that neither finishes, fails, uses its CPU budget nor shows a deadlock before the runner's
+    wall-clock backstop (here a student function idle in `time.sleep`, with the backstop cut to 2 s as a
+    machine too busy to finish would reach it) is no verdict: the class command grades that submission again,
+    alone, then records the cell as "needs regrade (infrastructure)": no points and no zero in the gradebook
+    (nbgrader's "needs manual grade"), named in the table, `scores` and the record, "not graded yet" in the
+    feedback, and graded again by the next run."""
+    from autograder.grading.cli import gradebook_rows
+
+    root = make_mini_course(tmp_path / "course")
+    slow = edit(reference(root), "tp_mappings", lambda s: s.replace(
+        '_group_size_rank(group, "copy_to_tensor_model_parallel_region")',
+        'import time; time.sleep(3600)  # idle: neither computing nor communicating', 1))
+    write_submission(root, "erin", slow)
+    env = {**__import__("grading_course").env(root), "AUTOGRADER_BACKSTOP_S": "2"}
+
+    def autograde():
+        proc = subprocess.run([sys.executable, "-m", "autograder.grade", "autograde", A, "--jobs", "2", "--quiet"],
+                              cwd=root, env=env, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return " ".join(proc.stdout.split())
+
+    table = autograde()
+    assert "1 submission(s) had checks the machine was too busy to decide; grading them again, one at a time" in table
+    rec = records(root)["erin"]
+    cells = {c["grade_id"]: c for c in rec["cells"]}
+    assert rec["needs_regrade"] == ["test_copy_to_region"], rec["needs_regrade"]
+    undecided = cells["test_copy_to_region"]
+    assert undecided["points"] == 0 and undecided["inconclusive"] and not undecided["flagged"]
+    assert undecided["message"].startswith("not graded yet: the grading machine was too busy"), undecided["message"]
+    assert "inconclusive" in undecided["message"] and "deadlock:" not in undecided["message"]
+    assert cells["test_reduce_from_region"]["points"] == 6.0  # the other cell is graded as usual
+    assert "NEEDS REGRADE (infrastructure): test_copy_to_region" in table, table
+    row = next(r for r in gradebook_rows(root) if r["student"] == "erin")
+    assert row["needs_regrade"] == ["test_copy_to_region"] and row["lost"] == [], row
+    assert gradebook(root)["erin"]["test_copy_to_region"] == 0.0  # nbgrader's sum counts no score as 0 ...
+    import warnings
+
+    from nbgrader.api import Gradebook
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Gradebook("sqlite:///" + os.path.join(root, "gradebook.db")) as gb:
+            grade = gb.find_grade("test_copy_to_region", notebook_name(root)[:-6], A, "erin")
+            assert grade.auto_score is None and grade.needs_manual_grade  # ... but no 0 was given: to be graded
+    scores = " ".join(run_grade(root, "scores").stdout.split())
+    assert "NEEDS REGRADE (infrastructure): test_copy_to_region" in scores, scores
+    html_text = open(os.path.join(root, rec["feedback"]), encoding="utf-8").read()
+    assert "not graded yet: the grading machine was too busy" in html_text
+    # the next run grades it again (an unchanged submission is otherwise kept as it is)
+    table = autograde()
+    assert "unchanged since the last run" not in table and "grading them again, one at a time" in table, table

@@ -255,6 +255,8 @@ def _outputs_failed(cell) -> bool:
 
 
 def _verdict_outputs(v) -> list:
+    if getattr(v, "inconclusive", None):  # not a verdict: said as such, never as an error of the student's code
+        return [{"output_type": "stream", "name": "stdout", "text": v.message + "\n"}]
     if v.passed:
         return [{"output_type": "stream", "name": "stdout", "text": (v.message or "passed") + "\n"}]
     ename, _, evalue = v.message.partition(": ")
@@ -370,8 +372,10 @@ def _grade_into(record: dict, job: dict, work: str) -> None:
         flagged = seen is not None and v.visible_passed is not None and seen != v.visible_passed
         record["cells"].append({"grade_id": gid, "points": v.points, "max_points": v.max_points,
                                 "passed": v.passed, "visible_passed": v.visible_passed, "saved_passed": seen,
-                                "flagged": flagged, "message": v.message[:4000],
-                                **({"backend_note": v.backend_note} if v.backend_note else {})})
+                                "flagged": flagged and not v.inconclusive, "message": v.message[:4000],
+                                **({"backend_note": v.backend_note} if v.backend_note else {}),
+                                **({"inconclusive": v.inconclusive} if v.inconclusive else {})})
+    record["needs_regrade"] = [c["grade_id"] for c in record["cells"] if c.get("inconclusive")]
     record["score"] = round(sum(c["points"] for c in record["cells"]), 4)
     record["max_score"] = round(sum(c["max_points"] for c in record["cells"]), 4) or record["max_score"]
     if any(c["flagged"] for c in record["cells"]):
@@ -513,7 +517,8 @@ def grade_class(root: str, assignment: str, *, jobs: int | None = None, shard: t
             h = hashlib.sha256(text.encode()).hexdigest()[:16]
             old = previous.get(student)
             if not force and old and old.get("hash") == h and old.get("fingerprint") == fp \
-                    and old.get("status") == "graded" and old.get("second_backend") == second_backend:
+                    and old.get("status") == "graded" and old.get("second_backend") == second_backend \
+                    and not old.get("needs_regrade"):
                 old = dict(old, unchanged=True)
                 records.append(old)
                 continue
@@ -536,8 +541,20 @@ def grade_class(root: str, assignment: str, *, jobs: int | None = None, shard: t
             def on_done(rec):
                 _write_record(root, rec)
                 saved.add(rec["student"])
-            records += _run_jobs(todo, jobs or os.cpu_count() or 1, progress, log,
-                                 None if shard is not None else on_done)
+            workers = jobs or os.cpu_count() or 1
+            done = _run_jobs(todo, workers, progress, log, None if shard is not None else on_done)
+            # a check the machine was too busy to decide is never a verdict: those submissions are graded again,
+            # alone (one worker: the machine less loaded by this run); what is still undecided is recorded as
+            # "needs regrade" (no points, flagged in the gradebook) and graded again by the next run
+            again = [job for job in todo if any(r["student"] == job["student"] and r.get("needs_regrade")
+                                                for r in done)]
+            if again:
+                log(f"{assignment}: {len(again)} submission(s) had checks the machine was too busy to decide; "
+                    f"grading them again, one at a time")
+                retried = {r["student"]: r for r in _run_jobs(again, 1, False, log,
+                                                              None if shard is not None else on_done)}
+                done = [retried.get(r["student"], r) for r in done]
+            records += done
             records = [dict(r, _saved=True) if r["student"] in saved else r for r in records]
         for rec in records:
             if rec.get("status") in ("rejected", "error") and not rec.get("unchanged"):
@@ -738,6 +755,10 @@ def write_gradebook(root: str, assignment: str, records: list[dict]) -> None:
                         grade = gb.find_grade(c["grade_id"], notebook_id, assignment, rec["student"])
                     except MissingEntry:
                         continue
+                    if c.get("inconclusive"):  # not decided: no score at all (never a 0), for a person or a rerun
+                        grade.auto_score = None
+                        grade.needs_manual_grade = True
+                        continue
                     grade.auto_score = c["points"]
                     grade.needs_manual_grade = bool(c.get("flagged")) or rec["status"] != "graded"
                 note = _note(rec)
@@ -750,6 +771,9 @@ def write_gradebook(root: str, assignment: str, records: list[dict]) -> None:
 def _note(rec: dict) -> str | None:
     if rec["status"] != "graded":
         return f"Not graded: {rec['reason']}"
+    if rec.get("needs_regrade"):
+        return ("Needs regrade (infrastructure): the grading machine was too busy to decide "
+                + ", ".join(rec["needs_regrade"]) + "; the next `autograde` run grades this submission again.")
     flagged = [c["grade_id"] for c in rec["cells"] if c.get("flagged")]
     if flagged:
         return ("The notebook's own run and the trusted grader disagree on " + ", ".join(flagged)

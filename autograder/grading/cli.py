@@ -83,7 +83,13 @@ def write_demo_submissions(root: str, assignment: str) -> dict[str, str]:
 # ---------------------------------------------------------------------------
 
 def _lost(rec: dict) -> list[str]:
-    return [c["grade_id"] for c in rec["cells"] if c["points"] < c["max_points"]]
+    return [c["grade_id"] for c in rec["cells"] if c["points"] < c["max_points"] and not c.get("inconclusive")]
+
+
+def needs_regrade_note(cells: list[str]) -> str:
+    return (f"NEEDS REGRADE (infrastructure): {', '.join(cells)}: the machine was too busy to decide "
+            f"{'this check' if len(cells) == 1 else 'these checks'} (no points yet, not a verdict); the next "
+            f"autograde run grades it again")
 
 
 def print_records(records: list[dict], root: str, *, width: int | None = None) -> None:
@@ -109,6 +115,8 @@ def print_records(records: list[dict], root: str, *, width: int | None = None) -
         else:
             detail = ", ".join(lost)
         notes = [w for w in r.get("warnings", [])]
+        if r.get("needs_regrade"):
+            notes.insert(0, needs_regrade_note(r["needs_regrade"]))
         backend = [c for c in r.get("cells", []) if c.get("backend_note")]
         if backend:  # the NCCL re-run of a GPU grading node: not graded
             failed = [c for c in backend if "FAILED" in c["backend_note"]]
@@ -147,14 +155,17 @@ def gradebook_rows(root: str, assignments: list[str] | None = None) -> list[dict
                         sub = gb.find_submission(assignment.name, student.id)
                     except MissingEntry:
                         continue
-                    lost = []
+                    lost, regrade = [], []
                     for nb in sub.notebooks:
                         for grade in nb.grades:
-                            if grade.max_score and (grade.score or 0) < grade.max_score:
+                            if grade.max_score and grade.auto_score is None and grade.manual_score is None \
+                                    and grade.needs_manual_grade:
+                                regrade.append(grade.name)  # not decided (autograder.grading.classrun)
+                            elif grade.max_score and (grade.score or 0) < grade.max_score:
                                 lost.append(grade.name)
                     rows.append({"assignment": assignment.name, "student": student.id,
                                  "score": float(sub.score), "max_score": float(sub.max_score),
-                                 "lost": sorted(lost)})
+                                 "lost": sorted(lost), "needs_regrade": regrade})
     return rows
 
 
@@ -162,6 +173,7 @@ def print_table(rows: list[dict], root: str) -> None:
     """The gradebook's table (`scores`)."""
     print_records([{"assignment": r["assignment"], "student": r["student"], "score": r["score"],
                     "max_score": r["max_score"], "status": "graded", "warnings": [],
+                    "needs_regrade": r.get("needs_regrade", []),
                     "cells": [{"grade_id": g, "points": 0, "max_points": 1} for g in r["lost"]]} for r in rows],
                   root)
 

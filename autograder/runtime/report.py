@@ -317,6 +317,13 @@ def checking(label: str, what: str):
     except BaseException as exc:  # noqa: BLE001 - re-raised below, never swallowed
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
+        from autograder.runtime.dist import InconclusiveRun
+
+        if isinstance(exc, InconclusiveRun):  # the machine's fault, not a verdict: said so, first
+            text = f"{label} \u00b7 {what}: NOT DECIDED (not a verdict on your code)\n{exc}"
+            exc.args = (text,)
+            _attach_rendering(exc, text)
+            raise
         stub = _stub_name(exc)
         if stub is not None:
             text = _stub_text(stub, label)

@@ -1,0 +1,119 @@
+"""Verdicts that do not depend on the machine (issue 28): the same notebook gets the same grade on a busy node.
+
+Every assignment's reference and one wrong submission (03's `blocking_sends`: neighbours that both send
+first wait for each other forever, a deadlock through `Work.wait()`) are graded by the trusted run in real
+sandboxes, all at once, while 6x as many CPU burners as cores run beside them, each burner in a session of
+its own (tests/load.py: Linux's autogroup shares the CPU between sessions). The scores must be the idle ones,
+cell by cell: the reference every point, the wrong submission all but exactly its mutant's cells, and no
+cell undecided. Beside them, a solved notebook runs in a real Jupyter kernel, as a student on a busy laptop
+runs it: every visible test cell passes.
+
+Marked `timing` (tests/conftest.py): `make test` runs it after the rest, so that its burners slow nothing
+else. `make test-all` grades every mutant the same way (tests/test_determinism.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from course import ROOT, assignments
+from load import burners
+
+sys.path.insert(0, ROOT)
+from solutions import submissions  # noqa: E402
+
+pytestmark = [pytest.mark.timing, pytest.mark.timeout(3600)]
+
+WRONG = ("03_pipeline_parallel", "blocking_sends")
+KERNEL = "03_pipeline_parallel"  # the notebook whose reference lost points at load ~20
+
+
+def _sandbox_required():
+    from autograder.grading.sandbox import sandbox_status
+
+    ok, why = sandbox_status()
+    if not ok and os.environ.get("COURSE_REQUIRE_SANDBOX") == "1":
+        raise RuntimeError(f"COURSE_REQUIRE_SANDBOX=1 but {why}")
+
+
+def _kernel_run(assignment: str, out: str, where: str) -> subprocess.Popen:
+    """The solved notebook in a real kernel (nbclient), every cell in order, as a student runs it."""
+    code = (
+        "import sys, json, nbformat\n"
+        f"sys.path.insert(0, {ROOT!r})\n"
+        "from nbclient import NotebookClient\n"
+        "from solutions import submissions\n"
+        f"nb = submissions.reference_submission({assignment!r})\n"
+        "NotebookClient(nb, timeout=3000, kernel_name='python3', allow_errors=True,\n"
+        f"               resources={{'metadata': {{'path': {where!r}}}}}).execute()\n"
+        "cells = []\n"
+        "for c in nb.cells:\n"
+        "    if c.cell_type != 'code': continue\n"
+        "    gid = (c.metadata.get('nbgrader') or {}).get('grade_id')\n"
+        "    errs = [o.get('ename', '') + ': ' + o.get('evalue', '')[:1500] for o in c.outputs if o.output_type == 'error']\n"
+        "    text = ''.join(o.get('text', '') for o in c.outputs if o.output_type == 'stream')\n"
+        "    cells.append({'grade_id': gid, 'errors': errs, 'text': text[-500:]})\n"
+        f"json.dump(cells, open({out!r}, 'w'))\n")
+    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env={**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", "PYTHONPATH": ROOT})
+
+
+def test_idle_scores_with_six_burners_per_core_beside_the_grading(tmp_path):
+    _sandbox_required()
+    jobs = [(a, "reference") for a in assignments()] + [WRONG]
+    mutant = next(m for m in submissions.mutants_of(WRONG[0]) if m.name == WRONG[1])
+    n = 6 * (os.cpu_count() or 1)
+    t0 = time.monotonic()
+    with burners(n):
+        procs = {}
+        for a, kind in jobs:
+            out = str(tmp_path / f"{a}-{kind}.json")
+            procs[(a, kind)] = (out, subprocess.Popen(
+                [sys.executable, os.path.join(ROOT, "tests", "load.py"), a, kind, out], cwd=ROOT,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                env={**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", "PYTHONPATH": ROOT}))
+        kernel_out = str(tmp_path / "kernel.json")
+        kernel = _kernel_run(KERNEL, kernel_out, str(tmp_path))
+        logs = {key: p.communicate(timeout=3000)[0].decode(errors="replace") for key, (_, p) in procs.items()}
+        kernel_log = kernel.communicate(timeout=3000)[0].decode(errors="replace")
+        with open("/proc/loadavg") as f:
+            load = f.read().split()[:3]
+    seconds = time.monotonic() - t0
+    print(f"graded {len(jobs)} submissions and ran {KERNEL}'s notebook beside {n} burners in {seconds:.0f} s "
+          f"(load average {' '.join(load)})")
+    problems = []
+    for (a, kind), (out, p) in procs.items():
+        assert p.returncode == 0, f"{a} {kind}: the grading process failed:\n{logs[(a, kind)][-3000:]}"
+        with open(out, encoding="utf-8") as f:
+            verdicts = json.load(f)
+        undecided = {g: v[4][:300] for g, v in verdicts.items() if v[3]}
+        lost = {g for g, v in verdicts.items() if not v[0]}
+        expected = mutant.must_fail if kind != "reference" else set()
+        if undecided:
+            problems.append(f"{a} {kind}: undecided under load: {undecided}")
+        if lost != expected:
+            problems.append(f"{a} {kind}: lost {sorted(lost)}, idle it loses {sorted(expected)}:\n"
+                            + "\n".join(f"  {g}: {verdicts[g][4][:600]}" for g in sorted(lost ^ expected)
+                                        if g in verdicts))
+        points = sum(v[1] for v in verdicts.values())
+        full = sum(v[2] for v in verdicts.values())
+        if kind == "reference" and points != full:
+            problems.append(f"{a} reference: {points} of {full} points")
+    assert kernel.returncode == 0, kernel_log[-3000:]
+    with open(kernel_out, encoding="utf-8") as f:
+        cells = json.load(f)
+    failing = [c for c in cells if c["errors"]]
+    tests = [c for c in cells if c["grade_id"] and c["grade_id"].startswith("test_")]
+    if failing:
+        problems.append(f"{KERNEL}'s solved notebook under load: {len(failing)} cell(s) failed: "
+                        + "\n".join(f"  {c['grade_id']}: {c['errors'][0][:600]}" for c in failing))
+    if not tests or not all("passed" in c["text"] for c in tests):
+        problems.append(f"{KERNEL}'s visible tests did not all print their pass line: "
+                        + ", ".join(c["grade_id"] for c in tests if "passed" not in c["text"]))
+    assert not problems, "\n".join(problems)
