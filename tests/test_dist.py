@@ -554,3 +554,25 @@ def _running(cmd: str) -> list[int]:
             except OSError:
                 continue
     return out
+
+
+def _idle_outside_communication(rank, world_size):
+    time.sleep(60)  # neither computing nor waiting on a peer: no evidence either way
+
+
+def test_a_run_neither_finished_nor_judged_is_inconclusive_never_a_failure(monkeypatch):
+    """Past the wall-clock backstop without evidence (no exception, no CPU budget used, no rank waiting on its
+    peers) the run is not decided: InconclusiveRun, shown in a test cell as NOT DECIDED, never FAILED."""
+    from autograder.runtime.dist import InconclusiveRun
+    from autograder.runtime.report import checking
+
+    monkeypatch.setenv("AUTOGRADER_BACKSTOP_S", "3")
+    t0 = time.monotonic()
+    with pytest.raises(InconclusiveRun) as info:
+        with checking("Exercise 0", "a run that only sleeps"):
+            run_distributed(_idle_outside_communication, 2, timeout=20)
+    msg = str(info.value)
+    assert 3 <= time.monotonic() - t0 < 30
+    assert msg.startswith("Exercise 0 \u00b7 a run that only sleeps: NOT DECIDED (not a verdict on your code)"), msg
+    assert "inconclusive" in msg and "FAILED" not in msg and "deadlock:" not in msg
+    assert "in _idle_outside_communication" in msg  # where each rank was, for the curious

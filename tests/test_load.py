@@ -131,6 +131,43 @@ def _grade_under_load(jobs, tmp_path, kernel: str | None = None, at_once: int = 
     return problems
 
 
+def _deadlock(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    t = torch.zeros(1)
+    dist.recv(t, src=(rank + 1) % world_size)  # every rank waits to receive: a deadlock
+
+
+def _slow_but_working(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    x = torch.randn(200, 200)
+    for _ in range(40):  # compute between collectives: a starved rank is slow, never stuck
+        x = torch.tanh(x @ x.T / 200)
+        t = torch.ones(1)
+        dist.all_reduce(t)
+    return float(t)
+
+
+def test_the_runner_under_load_convicts_a_deadlock_and_passes_a_slow_run():
+    """The runner itself beside 6 burners per core (forked ranks, as a student's kernel forks them): a real
+    deadlock is still convicted on its stacks, and a run that computes slowly between collectives is neither
+    convicted nor given up, though it takes longer on the clock than its budget of CPU-seconds (a wall-clock
+    limit convicted it: 03's reference lost its zero-bubble memory cell so)."""
+    from autograder.runtime.dist import DistributedError, run_distributed
+
+    with burners(6 * (os.cpu_count() or 1)):
+        with pytest.raises(DistributedError) as info:
+            run_distributed(_deadlock, 4, timeout=20)
+        # a budget of 2 CPU-seconds per rank: the run uses a small part of it, and far more than 2 s of the clock
+        assert run_distributed(_slow_but_working, 4, timeout=2) == [4.0] * 4
+    msg = str(info.value)
+    assert "deadlock: every rank still running (0, 1, 2, 3) was waiting on its peers" in msg, msg
+    assert "dist.recv(t, src=(rank + 1) % world_size)" in msg
+
+
 def test_idle_scores_with_six_burners_per_core_beside_the_grading(tmp_path):
     _sandbox_required()
     problems = _grade_under_load([(a, "reference") for a in assignments()] + [WRONG], tmp_path, kernel=KERNEL)
