@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -140,3 +141,104 @@ def test_grading_refuses_a_sandbox_whose_probe_finds_privileges(monkeypatch, tmp
         classrun.grade_class(ROOT, "02_tensor_parallel", students=[], progress=False)
     with pytest.raises(sandbox.SandboxUnavailable, match="not safe to grade in"):
         sandbox.Sandbox(ROOT, str(tmp_path))
+
+
+# -- no cgroup left behind -------------------------------------------------------------------------------------
+# Every sandbox makes a cgroup per controller, autograder/<pid>-<n>-<folder> (the pid of the process that made
+# it). The grading worker killed while grading (test_grading's kill-once and kill-twice: the OOM killer in a
+# real class) never reached close(), and a Sandbox never closed left its cgroups too: both are removed now.
+
+def _cgroups_of(*pids: int) -> list[str]:
+    """The course's sandbox cgroups on this machine made by the processes `pids` (by their name's prefix)."""
+    prefixes = tuple(f"{pid}-" for pid in pids)
+    out = []
+    for parent in [f"/sys/fs/cgroup/{c}/autograder" for c in ("memory", "pids", "cpuacct")] + [
+            "/sys/fs/cgroup/autograder"]:  # cgroup v1's controllers, v2
+        try:
+            names = os.listdir(parent)
+        except OSError:
+            continue
+        out += [os.path.join(parent, n) for n in names if n.startswith(prefixes)
+                and os.path.isdir(os.path.join(parent, n))]
+    return sorted(out)
+
+
+@pytest.fixture(autouse=True)
+def _no_cgroup_of_this_process_left():
+    """Every test of this file: the sandboxes it made (in this process) left no cgroup."""
+    before = _cgroups_of(os.getpid())
+    yield
+    assert _cgroups_of(os.getpid()) == before == [], "cgroups left: " + ", ".join(_cgroups_of(os.getpid()))
+
+
+_OWNER = """
+import sys
+from autograder.grading.sandbox import Sandbox
+box = Sandbox(sys.argv[1], sys.argv[3], check=False)
+box.popen([sys.executable, "-c", "import time; time.sleep(120)"])
+print(" ".join(box.cgroups.dirs), flush=True)
+if sys.argv[2] == "killed":
+    sys.stdin.read()  # until the test kills this process
+"""
+
+
+def _owner(how: str, inputs: str) -> tuple[subprocess.Popen, list[str]]:
+    """A process that makes a sandbox, starts a process in it, and is killed or exits without closing it."""
+    import autograder
+
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(autograder.__file__)))}
+    proc = subprocess.Popen([sys.executable, "-c", _OWNER, ROOT, how, inputs], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env)
+    dirs = proc.stdout.readline().split()
+    if not dirs:
+        proc.kill()
+        proc.wait()
+        pytest.skip("no writable cgroups here")
+    return proc, dirs
+
+
+def _remove_left(dirs: list[str]) -> None:
+    """(What a failing test leaves, removed: its processes killed, then the folders.)"""
+    import signal
+
+    for d in dirs:
+        try:
+            for pid in open(os.path.join(d, "cgroup.procs")).read().split():
+                os.kill(int(pid), signal.SIGKILL)
+        except OSError:
+            pass
+    time.sleep(0.5)
+    for d in dirs:
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
+
+
+def test_the_cgroups_of_a_killed_grading_process_are_removed_by_the_next_sandbox(tmp_path):
+    """A worker killed while grading (SIGKILL: no close()) leaves its sandbox's cgroups; the next sandbox made on
+    the machine (the worker that replaces it, or the next run) removes them, and any process still in them."""
+    from autograder.grading.sandbox import Sandbox
+
+    owner, dirs = _owner("killed", str(tmp_path))
+    try:
+        assert dirs and all(os.path.isdir(d) for d in dirs) and _cgroups_of(owner.pid) == sorted(dirs)
+        owner.kill()
+        owner.wait()
+        with tempfile.TemporaryDirectory() as inputs, Sandbox(ROOT, inputs):
+            pass
+        assert _cgroups_of(owner.pid) == [], "left after the owner was killed"
+    finally:
+        _remove_left(_cgroups_of(owner.pid))
+
+
+def test_a_sandbox_never_closed_leaves_no_cgroup_when_its_process_exits(tmp_path):
+    """A Sandbox its process never closed: its processes are killed and its cgroups removed when that process
+    exits."""
+    owner, dirs = _owner("exits", str(tmp_path))
+    try:
+        assert dirs and _cgroups_of(owner.pid) == sorted(dirs)
+        assert owner.wait(30) == 0
+        assert _cgroups_of(owner.pid) == [], "left after the owner exited without closing its sandbox"
+    finally:
+        _remove_left(_cgroups_of(owner.pid))

@@ -29,7 +29,11 @@ namespaces refused, no path of the course root visible.
 Limits: a memory and a process-count limit for all the submission's
 processes together (cgroup v1 `memory` and `pids` controllers, or v2), at
 most 1 GiB per file, and a per-process address-space limit where cgroups are
-not writable.
+not writable. The cgroups (`autograder/<pid>-<n>-<folder>` in each
+controller) are removed by `close`, at the latest when the process exits, and,
+when that process was killed (a grading worker, by the kernel's OOM killer),
+by the next sandbox made on the machine or the next exit of a grading process
+(`sweep_cgroups`: the cgroups in use are locked by their process).
 
 Without bubblewrap, or where it cannot build the sandbox, the grading command
 refuses to run unless told `--no-sandbox` (and then says so on every run): see
@@ -40,6 +44,7 @@ instructors", the Kubernetes paragraph).
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import json
 import os
@@ -51,7 +56,7 @@ import sys
 import tempfile
 import time
 
-__all__ = ["Sandbox", "SandboxUnavailable", "sandbox_status", "failure_hints", "SANDBOX_UID"]
+__all__ = ["Sandbox", "SandboxUnavailable", "sandbox_status", "failure_hints", "SANDBOX_UID", "sweep_cgroups"]
 
 _CG1 = "/sys/fs/cgroup"
 _counter = itertools.count()
@@ -218,34 +223,180 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root + os.sep)
 
 
+def _cgroup_candidates(memory_bytes: int | None = None, max_pids: int | None = None) -> list[tuple[str, dict]]:
+    """(controller folder, the limits to write) of each cgroup a sandbox makes: v1 memory, pids and cpuacct,
+    or one v2 leaf."""
+    if os.path.exists(os.path.join(_CG1, "cgroup.controllers")):
+        return [(_CG1, {"memory.max": memory_bytes, "pids.max": max_pids})]
+    return [(os.path.join(_CG1, "memory"), {"memory.limit_in_bytes": memory_bytes}),
+            (os.path.join(_CG1, "pids"), {"pids.max": max_pids}),
+            (os.path.join(_CG1, "cpuacct"), {})]  # no limit: what the submission's processes cost, measured
+
+
+def _cgroup_parents() -> list[str]:
+    """The folders holding the course's cgroups, one per controller (`autograder/<pid>-<n>-<folder>` in each)."""
+    return [os.path.join(base, "autograder") for base, _ in _cgroup_candidates()]
+
+
+class _flocked:
+    """flock(2) on a folder for a `with` block (a cgroup folder's too: the kernel releases it when the process
+    holding it dies, however it dies). Not held where the folder cannot be opened."""
+
+    def __init__(self, path: str, how: int):
+        self.path, self.how, self.fd = path, how, None
+
+    def __enter__(self):
+        import fcntl
+
+        try:
+            self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+            fcntl.flock(self.fd, self.how)
+        except OSError:
+            if self.fd is not None:
+                os.close(self.fd)
+            self.fd = None
+        return self
+
+    def __exit__(self, *exc):
+        if self.fd is not None:
+            os.close(self.fd)
+
+
+def _gone(pid: int) -> bool:
+    """Whether process `pid` has exited (or is a zombie, whose files are closed)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def sweep_cgroups() -> list[str]:
+    """Remove the course's cgroups that nothing uses any more: those of a process that died without closing
+    its sandbox (a grading worker killed while grading; its processes, if any are left, are killed), and this
+    process's own that an earlier close could not remove. The cgroups of a sandbox in use are never touched:
+    the process that made it holds a lock on each (`flock`, released by the kernel when that process dies,
+    however it dies), and only those of a dead process, or of this one, are tried at all (a grader of an
+    older version holds no lock). Run whenever a sandbox is made and when a process that can make one exits.
+    The cgroups removed."""
+    import fcntl
+
+    removed = []
+    for parent in _cgroup_parents():
+        try:
+            names = os.listdir(parent)
+        except OSError:
+            continue
+        stale = []
+        for name in names:
+            owner = name.split("-", 1)[0]
+            if owner.isdigit() and (int(owner) == os.getpid() or _gone(int(owner))) \
+                    and os.path.isdir(os.path.join(parent, name)):
+                stale.append(os.path.join(parent, name))
+        if not stale:
+            continue
+        with _flocked(parent, fcntl.LOCK_EX):  # (waits while another process makes a cgroup and locks it)
+            for path in stale:
+                with _flocked(path, fcntl.LOCK_EX | fcntl.LOCK_NB) as lock:
+                    if lock.fd is None:
+                        continue  # in use (or gone already)
+                    if _rmdir_emptied([path], timeout=2.0) == []:
+                        removed.append(path)
+    return removed
+
+
+def _rmdir_emptied(dirs: list[str], timeout: float) -> list[str]:
+    """Kill every process in the cgroups `dirs` and remove them, retrying for up to `timeout` seconds while
+    processes are still on their way out (a large process takes time to exit on a busy machine). Those left."""
+    left = list(dirs)
+    deadline = time.monotonic() + timeout
+    while left:
+        for d in list(left):
+            try:
+                with open(os.path.join(d, "cgroup.procs")) as f:
+                    pids = [int(x) for x in f.read().split()]
+            except OSError:
+                pids = []
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            try:
+                os.rmdir(d)
+                left.remove(d)
+            except FileNotFoundError:
+                left.remove(d)
+            except OSError:
+                pass
+        if left and time.monotonic() < deadline:
+            time.sleep(0.05)
+        else:
+            break
+    return left
+
+
+_OPEN_CGROUPS: set = set()  # this process's cgroups not yet removed: a Sandbox never closed, removed at exit
+
+
+def _at_exit() -> None:
+    for cgroups in list(_OPEN_CGROUPS):
+        if cgroups.owner == os.getpid():  # (not a forked child's to remove: its parent's)
+            cgroups.remove()
+    sweep_cgroups()
+
+
 class _Cgroups:
-    """One cgroup per submission in each controller we can write (v1 memory + pids, or a v2 leaf)."""
+    """One cgroup per submission in each controller we can write (v1 memory + pids, or a v2 leaf), locked by this
+    process (`sweep_cgroups`) until `remove`."""
 
     def __init__(self, name: str, memory_bytes: int | None, max_pids: int | None):
+        import fcntl
+
         self.dirs: list[str] = []
+        self._locks: list[int] = []
+        self.owner = os.getpid()
+        sweep_cgroups()  # what a process killed while grading left (the worker this one replaces)
         v2 = os.path.exists(os.path.join(_CG1, "cgroup.controllers"))
-        candidates = [(_CG1, {"memory.max": memory_bytes, "pids.max": max_pids})] if v2 else [
-            (os.path.join(_CG1, "memory"), {"memory.limit_in_bytes": memory_bytes}),
-            (os.path.join(_CG1, "pids"), {"pids.max": max_pids}),
-            (os.path.join(_CG1, "cpuacct"), {}),  # no limit: what the submission's processes cost, measured
-        ]
-        for base, files in candidates:
-            path = os.path.join(base, "autograder", name)
+        for base, files in _cgroup_candidates(memory_bytes, max_pids):
+            parent = os.path.join(base, "autograder")
+            path = os.path.join(parent, name)
             try:
-                os.makedirs(path, exist_ok=True)
+                os.makedirs(parent, exist_ok=True)
+            except OSError:
+                continue
+            fd = None
+            with _flocked(parent, fcntl.LOCK_SH):  # (a sweep waits until the new cgroup is locked)
+                try:
+                    try:
+                        os.mkdir(path)
+                    except FileExistsError:
+                        pass  # one a process of the same pid left
+                    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    if fd is not None:
+                        os.close(fd)
+                    continue
+            try:
                 for fname, value in files.items():
                     if value is not None:
                         with open(os.path.join(path, fname), "w") as f:
                             f.write(str(value))
-                if v2 is False and "memory.limit_in_bytes" in files and memory_bytes is not None:
-                    try:  # no swap beyond the limit, where the kernel accounts it
-                        with open(os.path.join(path, "memory.memsw.limit_in_bytes"), "w") as f:
-                            f.write(str(memory_bytes))
-                    except OSError:
-                        pass
-                self.dirs.append(path)
-            except OSError:
+            except OSError:  # (a v2 parent without the controller): not this one
+                _rmdir_emptied([path], timeout=1.0)
+                os.close(fd)
                 continue
+            if v2 is False and "memory.limit_in_bytes" in files and memory_bytes is not None:
+                try:  # no swap beyond the limit, where the kernel accounts it
+                    with open(os.path.join(path, "memory.memsw.limit_in_bytes"), "w") as f:
+                        f.write(str(memory_bytes))
+                except OSError:
+                    pass
+            self.dirs.append(path)
+            self._locks.append(fd)
+        if self.dirs:
+            _OPEN_CGROUPS.add(self)
 
     @property
     def active(self) -> bool:
@@ -320,14 +471,16 @@ class _Cgroups:
             time.sleep(0.02)
 
     def remove(self) -> None:
+        """Kill every process in the cgroups and remove them. One still busy after 10 s (processes that take
+        that long to exit) is unlocked and left to the next `sweep_cgroups` of this process or another."""
         self.kill_all()
-        for d in self.dirs:
-            for _ in range(20):
-                try:
-                    os.rmdir(d)
-                    break
-                except OSError:
-                    time.sleep(0.05)
+        try:
+            _rmdir_emptied(self.dirs, timeout=10.0)
+        finally:
+            for fd in self._locks:
+                os.close(fd)
+            self._locks = []
+            _OPEN_CGROUPS.discard(self)
 
 
 def _host_ids() -> tuple[int, int]:
@@ -570,11 +723,13 @@ class Sandbox:
         return self.cgroups.cpu_seconds()
 
     def close(self) -> None:
-        for p in self.procs:
-            self.kill(p)
-        self.cgroups.remove()
-        if self._host_scratch:
-            shutil.rmtree(self._host_scratch, ignore_errors=True)
+        try:
+            for p in self.procs:
+                self.kill(p)
+        finally:
+            self.cgroups.remove()
+            if self._host_scratch:
+                shutil.rmtree(self._host_scratch, ignore_errors=True)
 
     def __enter__(self):
         return self
@@ -612,3 +767,6 @@ def _enter_limits(cgroup_dirs: list[str], memory_bytes: int | None) -> None:
             resource.setrlimit(resource.RLIMIT_AS, (memory_bytes * 2, memory_bytes * 2))
         except (ValueError, OSError):
             pass
+
+
+atexit.register(_at_exit)
