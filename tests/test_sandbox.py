@@ -258,7 +258,7 @@ def test_inside_the_seccomp_filter_refuses_the_named_calls_and_gloo_ranks_still_
     machine = platform.machine()
     numbers = _numbers(machine)
     named = [n for n in NAMED if n in numbers]
-    # (47 s here, 2 cores shared with other test runs: torch is imported three times; 150 s at a load of 40)
+    # (32 to 47 s here, 2 cores shared with other test runs: torch imported three times; 150 s at a load of 40)
     out = _inside(_INSIDE_SECCOMP, argv=[json.dumps(numbers), json.dumps(named), json.dumps(CLONE_NAMESPACES)],
                   timeout=280)
     facts = json.loads(out.split("FACTS ", 1)[1].splitlines()[0])
