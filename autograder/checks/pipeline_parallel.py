@@ -60,6 +60,7 @@ from autograder.lessons.volume import pp_bubble_fraction
 
 from .pipeline_schedules import (  # noqa: F401 - part of this module's public API (the notebook imports it here)
     _action_text, _check_complete, _check_feasible, _normalize, _schedule_lists, check_bubble_fraction,
+    check_picture_runs,
     check_gpipe_schedule, check_interleaved_schedule, check_one_f_one_b_schedule, format_actions, in_flight_peak,
     pending_peak, show_schedules, simulate_schedules,
 )
@@ -907,6 +908,8 @@ def plot_pipeline_timelines(run_pipeline, runs, *, bubble_fraction=None, forward
 
     from autograder.lessons.plots import new_figure, picture
 
+    runs = check_picture_runs(runs, ("title", "schedule_fn", "num_stages", "num_microbatches", "num_chunks"),
+                              "plot_pipeline_timelines")
     fig, axes = new_figure(figsize=(12, 2.3 * len(runs)), nrows=len(runs))
     axes = [axes] if len(runs) == 1 else list(axes)
     for ax, (title, fn, p, m, v) in zip(axes, runs):
