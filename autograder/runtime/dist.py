@@ -1114,7 +1114,7 @@ def _unmatched_p2p(workdir: str, world_size: int) -> str:
     """The sends and receives that had no partner when the ranks stopped, and matched pairs whose tensors
     differ: from each rank's journal, the k-th send from a to b (same tag) pairs with b's k-th receive from a.
 
-    Per rank, in the order it posted them (repeats of one op on one channel from one line on one line:
+    Per rank, in the order it posted them (one op repeated on one channel from one line is one entry:
     `sends #1-#4 to rank 3`); then, where a rank sent to a peer that waits for someone else, that pairing
     (one of the two names the wrong peer); then each line of the student's code that posted one, quoted.
     """
@@ -1151,17 +1151,17 @@ def _unmatched_p2p(workdir: str, world_size: int) -> str:
     if not differ and not lone:
         return ""
     lone.sort(key=lambda x: (x[0], x[1]))
-    runs: list[list] = []  # consecutive lone ops of one rank on one channel, from one line: one entry
+    runs: list[list] = []  # the lone ops of one rank on one channel from one line, numbered in a row: one entry
+    open_runs: dict[tuple, list] = {}
     for item in lone:
         rank, _, op, peer, number, rec, partner = item
-        last = runs[-1] if runs else None
-        if last and (last[0][0], last[0][2], last[0][3], last[0][6]) == (rank, op, peer, partner) \
-                and (last[-1][5].get("tag"), last[-1][5].get("shape"), last[-1][5].get("dtype"),
-                     last[-1][5].get("where")) == (rec.get("tag"), rec.get("shape"), rec.get("dtype"),
-                                                   rec.get("where")) and last[-1][4] + 1 == number:
-            last.append(item)
+        key = (rank, op, peer, partner, rec.get("tag"), str(rec.get("shape")), rec.get("dtype"), rec.get("where"))
+        run = open_runs.get(key)
+        if run is not None and run[-1][4] + 1 == number:
+            run.append(item)
         else:
-            runs.append([item])
+            open_runs[key] = [item]
+            runs.append(open_runs[key])
     lines = [t for _, _, t in sorted(differ)]
     for run in runs:
         rank, _, op, peer, first, rec, partner = run[0]
@@ -1188,9 +1188,10 @@ def _unmatched_p2p(workdir: str, world_size: int) -> str:
             pair = (rec.get("where"), o_rec.get("where"))
             if pair not in seen and len(crossed) < 3:
                 seen.add(pair)
+                where = (f"the send (at {rec.get('where')}) or the receive (at {o_rec.get('where')})"
+                         if pair[0] != pair[1] else f"the send or the receive (both at {pair[0]})")
                 crossed.append(f"  rank {rank} sends to rank {peer}, which waits to receive from rank {o_peer} instead "
-                               f"({_p2p_what(rec)} on both sides): the send (at {rec.get('where')}) or the receive "
-                               f"(at {o_rec.get('where')}) names the wrong peer")
+                               f"({_p2p_what(rec)} on both sides): {where} names the wrong peer")
             break
     quoted, where_seen = [], set()
     for _, _, _, _, _, rec, _ in sorted(lone, key=lambda x: (x[2] != "send", x[0], x[1])):
