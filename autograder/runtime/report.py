@@ -288,6 +288,12 @@ def _is_distributed_error(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and type(exc).__name__ == "DistributedError" and hasattr(exc, "failures")
 
 
+def _is_inconclusive(exc: BaseException) -> bool:
+    """autograder.runtime.dist.InconclusiveRun (named, not imported: dist imports this module)."""
+    return any(t.__name__ == "InconclusiveRun" and t.__module__ == "autograder.runtime.dist"
+               for t in type(exc).__mro__)
+
+
 def _display_hook(shell, etype, value, tb, tb_offset=None):
     """IPython's handler for the course's errors in any cell (course_notebook installs it)."""
     render = getattr(value, "_render_traceback_", None)
@@ -368,9 +374,7 @@ def checking(label: str, what: str):
     except BaseException as exc:  # noqa: BLE001 - re-raised below, never swallowed
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
-        from autograder.runtime.dist import InconclusiveRun
-
-        if isinstance(exc, InconclusiveRun):  # the machine's fault, not a verdict: said so, first
+        if _is_inconclusive(exc):  # the machine's fault, not a verdict: said so, first
             text = f"{label} \u00b7 {what}: NOT DECIDED (not a verdict on your code)\n{exc}"
             exc.args = (text,)
             _attach_rendering(exc, text)
