@@ -63,7 +63,7 @@ def test_a_notebook_of_80000_distinct_grading_ids_is_refused_at_once_by_its_cell
     out = _check(_submit(tmp_path, text))
     assert out.notebook is None
     assert out.reason == (f"{NB} is too large to grade: it has {len(nb['cells']):,} cells (at most "
-                          f"{intake.MAX_CELLS:,} are graded, the release {len(_release()['cells'])}): delete the "
+                          f"{intake.MAX_CELLS:,} are graded, the release has {len(_release()['cells'])}): delete the "
                           f"cells you added and submit again")
 
 

@@ -1,7 +1,7 @@
 """The course's grading command line (instructors and the grading machine).
 
     python -m autograder.grade autograde 02_tensor_parallel [--jobs N]   # grade submitted/*/02_tensor_parallel
-    python -m autograder.grade autograde 02_tensor_parallel --shard 2/3  # one slice: graded/.../shards/shard-2-of-3.json
+    python -m autograder.grade autograde 02_tensor_parallel --shard 2/3  # a slice: graded/.../shards/shard-2-of-3.json
     python -m autograder.grade merge graded/02_tensor_parallel/shards/shard-*.json
     python -m autograder.grade scores                                    # the gradebook
     python -m autograder.grade export 02_tensor_parallel --gradescope exports/gs --csv exports/02.csv

@@ -239,7 +239,7 @@ def size_problem(nb, release_cells: int | None = None) -> str | None:
         return None  # structure_problem names it
     cells = len(nb["cells"])
     if cells > MAX_CELLS:
-        of = f", the release {release_cells}" if release_cells is not None else ""
+        of = f", the release has {release_cells}" if release_cells is not None else ""
         return (f"it has {cells:,} cells (at most {MAX_CELLS:,} are graded{of}): delete the cells you added "
                 f"and submit again")
     values = _count_values(nb)
