@@ -235,6 +235,10 @@ def test_scores_lists_lost_cells_in_the_notebooks_order(tmp_path):
             for g in sorted(graded, key=lambda g: g["grade_id"]):  # entered alphabetically
                 gb.add_grade_cell(g["grade_id"], NB[:-6], A, max_score=g["points"], cell_type="code")
             gb.add_student("alice")
-            gb.add_submission(A, "alice")  # nothing scored: every cell lost its points
+            gb.add_submission(A, "alice")
+            for g in graded:  # every cell graded, and every cell lost its points
+                grade = gb.find_grade(g["grade_id"], NB[:-6], A, "alice")
+                grade.auto_score, grade.needs_manual_grade = 0.0, False
+            gb.db.commit()
     rows = gradebook_rows(root)
     assert [r["lost"] for r in rows] == [order]
