@@ -29,7 +29,6 @@ import zipfile
 
 import pytest
 
-from autograder.grading.intake import shown_name
 from grading_course import (A, clear_results, edit, gradebook, make_mini_course, needs_sandbox, notebook_name,
                             records, reference, release, run_grade, write_submission)
 
@@ -153,6 +152,8 @@ def test_submissions_that_cannot_be_graded_get_a_reason_and_the_others_are_grade
         "heidi": lambda: write_submission(course, "heidi", _duplicate_cell(reference(course))),
         "ivan": lambda: os.makedirs(os.path.join(course, "submitted", "ivan", A), exist_ok=True),
     }
+    from autograder.grading.intake import shown_name
+
     # folder names that cannot name a student's files: 250 characters (a folder can be named so, but not
     # <name>.ipynb or <name>.json.tmp: Errno 36 failed the whole command, and every later run), a terminal escape
     names = {"s" * 250: "the student folder name is 250 characters long (250 bytes in UTF-8; at most 128 bytes "
