@@ -133,7 +133,8 @@ def records(root: str) -> dict[str, dict]:
         if name.endswith(".json"):
             with open(os.path.join(folder, name), encoding="utf-8") as f:
                 rec = json.load(f)
-            out[rec["student"]] = rec
+            if "records" not in rec:  # a shard file of an older version (beside the records): not a record
+                out[rec["student"]] = rec
     return out
 
 
