@@ -5,10 +5,12 @@
 On a scratch course whose assignment 02 is cut to two graded cells
 (tests/grading_course.py), as an instructor runs it:
 - three shards (`--shard i/3 --jobs 1`: one submission at a time each) run as separate processes at
-  once, merged, give every student's scores; merging again changes nothing;
+  once, merged, give every student's scores; merging again changes nothing (a student is named like a
+  shard file: shard-2-of-3);
 - `autograde --jobs 2` gives the same scores, cell by cell, and the same gradebook;
 - a second run grades nothing again; a changed notebook is the only one regraded;
-- notebooks that cannot be graded get a named reason, and everyone else is graded;
+- notebooks that cannot be graded get a named reason, and everyone else is graded; so do student folders
+  whose name cannot name files (250 characters, a terminal escape), in every later run too;
 - Gradescope's results.json per submission: the format, the scores, no hidden test; the CSV of one
   assignment, with the students' submission times and lateness, written where asked, nothing left untracked;
 - a Canvas download collected with `nbgrader zip_collect` is graded, its LATE marker kept in the CSV;
@@ -44,6 +46,7 @@ def course(tmp_path_factory):
     write_submission(root, "bob", release(root))
     write_submission(root, "carol", edit(ref, "tp_mappings", lambda s: s.replace(*WRONG)))
     write_submission(root, "dave", ref, name="tensor_parallel_lab-Copy1.ipynb")
+    write_submission(root, SHARD_NAMED, ref)  # named like the grader's file of shard 2 of 3
     for student, when in STAMPS.items():  # what nbgrader collect writes beside the notebook
         with open(os.path.join(root, "submitted", student, A, "timestamp.txt"), "w") as f:
             f.write(f"{when}.000000 UTC")
@@ -54,6 +57,7 @@ def course(tmp_path_factory):
 
 
 STAMPS = {"alice": "2026-01-15 09:30:00", "carol": "2026-01-25 18:00:00"}  # bob and dave: no timestamp.txt
+SHARD_NAMED = "shard-2-of-3"  # a student: once, their record overwrote shard 2's file in the merge
 
 
 def _untracked(root: str) -> list[str]:
@@ -82,7 +86,7 @@ def sequential(course):
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in (1, 2, 3)]
     outs = [p.communicate(timeout=1800)[0] for p in shards]
     assert all(p.returncode == 0 for p in shards), "\n".join(o[-2000:] for o in outs)
-    files = [os.path.join(course, "graded", A, f"shard-{i}-of-3.json") for i in (1, 2, 3)]
+    files = [os.path.join(course, "graded", A, "shards", f"shard-{i}-of-3.json") for i in (1, 2, 3)]
     run = {"shard_students": sorted(r["student"] for f in files for r in json.load(open(f))["records"]),
            "book_before_merge": gradebook(course)}
     proc = run_grade(course, "merge", *files)
@@ -100,29 +104,30 @@ def test_parallel_grading_gives_the_sequential_scores_and_regrades_only_changes(
     assert _scores(seq_records) == {"alice": {"test_copy_to_region": 6.0, "test_reduce_from_region": 6.0},
                                     "bob": {"test_copy_to_region": 0.0, "test_reduce_from_region": 0.0},
                                     "carol": {"test_copy_to_region": 0.0, "test_reduce_from_region": 6.0},
-                                    "dave": {"test_copy_to_region": 6.0, "test_reduce_from_region": 6.0}}
+                                    "dave": {"test_copy_to_region": 6.0, "test_reduce_from_region": 6.0},
+                                    SHARD_NAMED: {"test_copy_to_region": 6.0, "test_reduce_from_region": 6.0}}
     proc = run_grade(course, "autograde", A, "--jobs", "2", "--quiet")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert _scores(records(course)) == _scores(seq_records)
     assert gradebook(course) == seq_book
-    assert "4 graded" in proc.stdout
+    assert "5 graded" in proc.stdout
     # a warning, graded (the table wraps its notes at the terminal's width)
     assert "graded tensor_parallel_lab-Copy1.ipynb as tensor_parallel_lab.ipynb" in " ".join(proc.stdout.split())
     # the command prints its own lines only: nothing a check, a worked example or a student's kernel printed
     for stray in (": passed", "ipython kernel", "To connect another client"):
         assert stray not in proc.stdout + proc.stderr, f"{stray!r} in the command's output:\n{proc.stdout[-3000:]}"
-    for student in ("alice", "bob", "carol", "dave"):
+    for student in ("alice", "bob", "carol", "dave", SHARD_NAMED):
         html = open(os.path.join(course, "feedback", student, A, "tensor_parallel_lab.html"), encoding="utf-8").read()
         assert course not in html and "/tmp/" not in html, f"the feedback of {student} shows a path of this machine"
         # long message lines wrap at the page's edge (nbconvert's <pre> would cut them off there)
         assert "white-space: pre-wrap" in html and "div.output_subarea pre" in html, student
     # nothing changed: nothing is graded again
     proc = run_grade(course, "autograde", A, "--jobs", "2", "--quiet")
-    assert proc.returncode == 0 and "4 submission(s), 0 graded" in proc.stdout, proc.stdout[-2000:]
+    assert proc.returncode == 0 and "5 submission(s), 0 graded" in proc.stdout, proc.stdout[-2000:]
     # carol fixes her notebook: only hers is graded again
     write_submission(course, "carol", reference(course))
     proc = run_grade(course, "autograde", A, "--jobs", "2", "--quiet")
-    assert proc.returncode == 0 and "4 submission(s), 1 graded" in proc.stdout, proc.stdout[-2000:]
+    assert proc.returncode == 0 and "5 submission(s), 1 graded" in proc.stdout, proc.stdout[-2000:]
     assert gradebook(course)["carol"] == {"test_copy_to_region": 6.0, "test_reduce_from_region": 6.0}
     write_submission(course, "carol", edit(reference(course), "tp_mappings", lambda s: s.replace(*WRONG)))
 
@@ -130,7 +135,7 @@ def test_parallel_grading_gives_the_sequential_scores_and_regrades_only_changes(
 def test_three_shards_merged_give_the_single_run_and_merging_twice_changes_nothing(sequential):
     # every student in exactly one shard; no shard writes the gradebook; the merge gives the gradebook of a
     # single run (the parallel run above is held to it), and merging again changes nothing
-    assert sequential["shard_students"] == ["alice", "bob", "carol", "dave"]
+    assert sequential["shard_students"] == ["alice", "bob", "carol", "dave", SHARD_NAMED]
     assert sequential["book_before_merge"] == {}, "a shard must not write the gradebook"
     assert sequential["book"] == {s: {c: float(p) for c, p in cells.items()}
                                   for s, cells in _scores(sequential["records"]).items()}
@@ -147,29 +152,52 @@ def test_submissions_that_cannot_be_graded_get_a_reason_and_the_others_are_grade
         "heidi": lambda: write_submission(course, "heidi", _duplicate_cell(reference(course))),
         "ivan": lambda: os.makedirs(os.path.join(course, "submitted", "ivan", A), exist_ok=True),
     }
+    from autograder.grading.intake import shown_name
+
+    # folder names that cannot name a student's files: 250 characters (a folder can be named so, but not
+    # <name>.ipynb or <name>.json.tmp: Errno 36 failed the whole command, and every later run), a terminal escape
+    names = {"s" * 250: "the student folder name is 250 characters long (250 bytes in UTF-8; at most 128 bytes "
+                        "are graded: the records and feedback are named by it): rename the student's folder in "
+                        "submitted/ and grade again",
+             "eve\x1b[2J": "the student folder name eve\\x1b[2J has a character that cannot be printed "
+                           "('\\x1b' at position 4 of 7): rename the student's folder in submitted/ and grade again"}
     for make in bad.values():
         make()
+    for name in names:
+        write_submission(course, name, reference(course))
     try:
-        proc = run_grade(course, "autograde", A, "--jobs", "2", "--quiet")
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        recs = records(course)
-        reasons = {s: recs[s]["reason"] for s in bad}
-        assert "2 notebooks (a.ipynb, b.ipynb)" in reasons["erin"]
-        assert "is not a valid notebook" in reasons["frank"]
-        assert "assignment 01_data_parallel's notebook" in reasons["grace"]
-        assert "appear more than once" in reasons["heidi"]
-        assert "no notebook" in reasons["ivan"]
-        for s in bad:
-            assert recs[s]["score"] == 0 and recs[s]["status"] == "rejected"
-            assert f"NOT GRADED: {reasons[s][:40]}" in " ".join(proc.stdout.split())  # the table, wrapped
-        assert recs["alice"]["score"] == 12 and recs["alice"]["status"] == "graded"  # everyone else: graded
-        book = gradebook(course)
-        assert book["frank"] == {"test_copy_to_region": 0.0, "test_reduce_from_region": 0.0}  # in the gradebook too
+        for run in ("first", "later"):
+            proc = run_grade(course, "autograde", A, "--jobs", "2", "--quiet")
+            assert proc.returncode == 0, run + proc.stdout[-3000:] + proc.stderr[-3000:]
+            recs = records(course)
+            reasons = {s: recs[s]["reason"] for s in bad}
+            assert "2 notebooks (a.ipynb, b.ipynb)" in reasons["erin"]
+            assert "is not a valid notebook" in reasons["frank"]
+            assert "assignment 01_data_parallel's notebook" in reasons["grace"]
+            assert "appear more than once" in reasons["heidi"]
+            assert "no notebook" in reasons["ivan"]
+            table = " ".join(proc.stdout.split())
+            for s in bad:
+                assert recs[s]["score"] == 0 and recs[s]["status"] == "rejected"
+                assert f"NOT GRADED: {reasons[s][:40]}" in table  # the table, wrapped
+            for name, reason in names.items():  # the log line and the table, the name shown cut and escaped
+                shown = shown_name(name)
+                assert f"\u2717 {shown}: {reason}" in proc.stdout, run + proc.stdout[-3000:]
+                assert f"{shown} 0.0 / 12 NOT GRADED: {reason}" in table
+            assert "\x1b" not in proc.stdout, "a student's folder name wrote a terminal escape"
+            # no file is named by them, and no gradebook entry (the others: as always)
+            assert sorted(recs) == sorted(["alice", "bob", "carol", "dave", SHARD_NAMED, *bad]), sorted(recs)
+            assert not [n for n in os.listdir(os.path.join(course, "feedback")) if n in names]
+            assert recs["alice"]["score"] == 12 and recs["alice"]["status"] == "graded"  # everyone else: graded
+            book = gradebook(course)
+            assert book["frank"] == {"test_copy_to_region": 0.0, "test_reduce_from_region": 0.0}  # gradebook too
+            assert not set(names) & set(book)
     finally:
-        for s in bad:
-            import shutil
+        import shutil
 
+        for s in [*bad, *names]:
             shutil.rmtree(os.path.join(course, "submitted", s))
+        for s in bad:
             os.remove(os.path.join(course, "graded", A, f"{s}.json"))
 
 

@@ -1,8 +1,8 @@
 """The course's grading command line (instructors and the grading machine).
 
     python -m autograder.grade autograde 02_tensor_parallel [--jobs N]   # grade submitted/*/02_tensor_parallel
-    python -m autograder.grade autograde 02_tensor_parallel --shard 2/3  # one slice, into graded/.../shard-2-of-3.json
-    python -m autograder.grade merge graded/02_tensor_parallel/shard-*.json
+    python -m autograder.grade autograde 02_tensor_parallel --shard 2/3  # a slice: graded/.../shards/shard-2-of-3.json
+    python -m autograder.grade merge graded/02_tensor_parallel/shards/shard-*.json
     python -m autograder.grade scores                                    # the gradebook
     python -m autograder.grade export 02_tensor_parallel --gradescope exports/gs --csv exports/02.csv
     python -m autograder.grade demo                                      # sample submissions, graded, the table
@@ -97,9 +97,11 @@ def print_records(records: list[dict], root: str, *, width: int | None = None) -
     if not records:
         print("Nothing was graded.")
         return
+    from autograder.grading.intake import shown_name
+
     width = width or max(100, shutil.get_terminal_size((120, 20)).columns)
     w_a = max(len("assignment"), *(len(r["assignment"]) for r in records))
-    w_s = max(len("student"), *(len(r["student"]) for r in records))
+    w_s = max(len("student"), *(len(shown_name(r["student"])) for r in records))
     head = f"{'assignment':<{w_a}}  {'student':<{w_s}}  {'score':>13}  "
     indent = " " * len(head)
     print(f"{head}cells that lost points (and notes)")
@@ -125,19 +127,36 @@ def print_records(records: list[dict], root: str, *, width: int | None = None) -
                       else [f"{shown}: every cell passed (not graded)"])
         if r.get("unchanged"):
             notes.append("unchanged since the last run: not regraded")
-        lines = textwrap.wrap(detail, width - len(head)) or ["-"]
+        room = max(30, width - len(head))
+        lines = textwrap.wrap(detail, room) or ["-"]
         for note in notes:
-            lines += textwrap.wrap(f"note: {note}", width - len(head))
+            lines += textwrap.wrap(f"note: {note}", room)
         score = f"{r['score']:6.1f} / {r['max_score']:4.0f}"
-        print(f"{r['assignment']:<{w_a}}  {r['student']:<{w_s}}  {score}  {lines[0]}")
+        print(f"{r['assignment']:<{w_a}}  {shown_name(r['student']):<{w_s}}  {score}  {lines[0]}")
         for line in lines[1:]:
             print(indent + line)
     print(f"\nGradebook: gradebook.db (nbgrader; backups in backups/). Feedback (HTML, one per student and "
           f"assignment): feedback/<student>/<assignment>/. Records: graded/<assignment>/<student>.json")
 
 
+def _cell_order(root: str, assignment: str) -> dict[str, int]:
+    """grade id -> its place in the assignment's release notebook (empty if there is none)."""
+    import json
+
+    from autograder.grading.classrun import release_notebook
+
+    try:
+        with open(release_notebook(root, assignment), encoding="utf-8") as f:
+            cells = json.load(f)["cells"]
+    except Exception:  # noqa: BLE001 - no release notebook (any more): the gradebook's names, sorted
+        return {}
+    ids = [((c.get("metadata") or {}).get("nbgrader") or {}).get("grade_id") for c in cells]
+    return {gid: i for i, gid in enumerate(ids) if gid}
+
+
 def gradebook_rows(root: str, assignments: list[str] | None = None) -> list[dict]:
-    """One row per (assignment, student) from nbgrader's gradebook: score, max score, cells that lost points."""
+    """One row per (assignment, student) from nbgrader's gradebook: score, max score, cells that lost points
+    (in the order of the notebook, as `autograde` lists them)."""
     from nbgrader.api import Gradebook, MissingEntry
 
     import warnings
@@ -150,6 +169,8 @@ def gradebook_rows(root: str, assignments: list[str] | None = None) -> list[dict
             for assignment in gb.assignments:
                 if assignments and assignment.name not in assignments:
                     continue
+                order = _cell_order(root, assignment.name)
+                place = lambda g: (g not in order, order.get(g, 0), g)  # noqa: E731 - the notebook's order
                 for student in gb.students:
                     try:
                         sub = gb.find_submission(assignment.name, student.id)
@@ -165,7 +186,7 @@ def gradebook_rows(root: str, assignments: list[str] | None = None) -> list[dict
                                 lost.append(grade.name)
                     rows.append({"assignment": assignment.name, "student": student.id,
                                  "score": float(sub.score), "max_score": float(sub.max_score),
-                                 "lost": sorted(lost), "needs_regrade": regrade})
+                                 "lost": sorted(lost, key=place), "needs_regrade": sorted(regrade, key=place)})
     return rows
 
 
@@ -301,7 +322,7 @@ def main(argv=None) -> int:
     p_auto.add_argument("assignments", nargs="+")
     grading_options(p_auto)
     p_auto.add_argument("--shard", type=_shard, default=None,
-                        help="I/N: grade only slice I of N into graded/ASSIGNMENT/shard-I-of-N.json "
+                        help="I/N: grade only slice I of N into graded/ASSIGNMENT/shards/shard-I-of-N.json "
                              "('slurm/N' or 'k8s/N' read the array index of the cluster's job)")
     p_auto.add_argument("--out", default=None, help="the shard's result file (with --shard)")
     p_merge = sub.add_parser("merge", help="fold shard result files into the gradebook (idempotent)")
@@ -369,10 +390,12 @@ def main(argv=None) -> int:
     records = _autograde(root, assignments, args)
     print()
     print_records(records, root)
+    from autograder.grading.intake import shown_name
+
     ungraded = [r for r in records if r.get("status") == "error"]
     if ungraded:
         print(f"\n{len(ungraded)} submission(s) could not be graded (the grader failed, not the student): "
-              + ", ".join(f"{r['assignment']}/{r['student']}" for r in ungraded)
+              + ", ".join(f"{r['assignment']}/{shown_name(r['student'])}" for r in ungraded)
               + ". Their reasons are in the table; run the command again to retry them.")
         return 1
     return 0
