@@ -467,6 +467,14 @@ def _rejected(assignment: str, student: str, reason: str, intake_warnings, h: st
             "submitted_at": submitted_at, "feedback": None, "feedback_html": None}
 
 
+def still_valid(old: dict | None, notebook_hash: str, fingerprint: str, second_backend: str | None) -> bool:
+    """Whether a previous record stands for this run: the same notebook, the same grader, graded, and nothing
+    left undecided ("needs regrade": every run grades such a submission again until it is decided)."""
+    return bool(old) and old.get("hash") == notebook_hash and old.get("fingerprint") == fingerprint \
+        and old.get("status") == "graded" and old.get("second_backend") == second_backend \
+        and not old.get("needs_regrade")
+
+
 def _graded_cells(source: dict) -> list[tuple[str, float]]:
     return [(_meta(c)["grade_id"], float(_meta(c).get("points", 0))) for c in source["cells"]
             if _meta(c).get("grade") and not _meta(c).get("solution")]
@@ -536,9 +544,7 @@ def grade_class(root: str, assignment: str, *, jobs: int | None = None, shard: t
                 text = json.dumps(intake.notebook, sort_keys=True)
                 h = hashlib.sha256(text.encode()).hexdigest()[:16]
                 old = previous.get(student)
-                if not force and old and old.get("hash") == h and old.get("fingerprint") == fp \
-                        and old.get("status") == "graded" and old.get("second_backend") == second_backend \
-                        and not old.get("needs_regrade"):
+                if not force and still_valid(old, h, fp, second_backend):
                     old = dict(old, unchanged=True)
                     records.append(old)
                     continue
