@@ -8,6 +8,7 @@
     python -m autograder.grade demo                                      # sample submissions, graded, the table
     python -m autograder.grade student-package [--lang zh]               # dist/llm-parallelism-course.tar.gz
     python -m autograder.grade gradescope-package 02_tensor_parallel     # dist/gradescope-02_tensor_parallel.zip
+    python -m autograder.grade k8s-manifest 02_tensor_parallel --shards 8  # the Kubernetes Jobs (cluster/)
 
 Run from the course root (where nbgrader_config.py is). `autograde` grades
 each submission in a sandbox, in parallel (autograder.grading.classrun: the
@@ -340,7 +341,11 @@ def main(argv=None) -> int:
     p_gs = sub.add_parser("gradescope-package", help="a Gradescope autograder zip for one assignment")
     p_gs.add_argument("assignment")
     p_gs.add_argument("--out", default="dist", help="folder for the zip (default: dist)")
+    from autograder.grading import k8s
+    k8s.add_parser(sub)  # k8s-manifest ASSIGNMENT --shards N: the Kubernetes Jobs (autograder/grading/k8s.py)
     args = parser.parse_args(argv)
+    if args.cmd == "k8s-manifest":
+        return k8s.run(args)
     root = course_root()
 
     if args.cmd == "student-package":
