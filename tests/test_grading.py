@@ -365,6 +365,38 @@ def test_the_lms_csv_has_the_gradebook_s_names_and_emails_and_no_undecided_score
     assert _untracked(course) == [], "files left in the course repository (not ignored by git)"
 
 
+def test_a_canvas_export_that_cannot_be_right_is_refused_with_the_reason_before_anything_is_written(tmp_path):
+    """No Canvas import written from a roster that is not Canvas's gradebook export, for a Canvas assignment id
+    that is not a number or not in the roster (Canvas would make a new assignment of the column), or for two
+    assignments at once (an import column has one id). Checked before the gradebook is read: no course needed."""
+    from autograder.grading.exports import export
+
+    other_tool = tmp_path / "other.csv"
+    other_tool.write_text("Name,Email,Grade\nAlice,alice@uni.edu,12\n", encoding="utf-8")
+    canvas = tmp_path / "canvas.csv"
+    canvas.write_text("Student,ID,SIS User ID,SIS Login ID,Section,01 Data parallel (11111)\n"
+                      '"Liddell, Alice",2001,S-0001,alice,Section 1,88.00\n', encoding="utf-8")
+    out = tmp_path / "exports" / "import.csv"
+    cases = {
+        "is not Canvas's gradebook export: its first row starts Name, Email, Grade; Canvas's starts Student, ID, SIS "
+        "User ID, SIS Login ID, Section": ([A], dict(canvas_assignment_id="12345", canvas_roster=str(other_tool))),
+        "Canvas assignment 12345 is not a column of --canvas-roster": (
+            [A], dict(canvas_assignment_id="12345", canvas_roster=str(canvas))),
+        "--canvas-assignment-id 'tp-02': Canvas's assignment ids are numbers": (
+            [A], dict(canvas_assignment_id="tp-02")),
+        "--canvas needs --canvas-assignment-id": ([A], {}),
+        "--canvas writes one assignment's grades: name one assignment (not 2)": (
+            [A, "03_pipeline_parallel"], dict(canvas_assignment_id="12345")),
+    }
+    for message, (assignments, options) in cases.items():
+        with pytest.raises(SystemExit) as exc:
+            list(export(str(tmp_path), assignments, canvas=str(out), **options))
+        assert message in str(exc.value), (message, str(exc.value))
+        assert not out.exists()
+    with pytest.raises(SystemExit, match="--canvas-assignment-id and --canvas-roster go with --canvas FILE"):
+        list(export(str(tmp_path), [A], canvas_roster=str(canvas)))
+
+
 def test_a_canvas_download_is_collected_with_nbgrader_zip_collect_and_graded(course):
     """Canvas names each file <login>_<user id>_<submission id>_<the student's file name> (LATE_ after the login)."""
     archive = os.path.join(course, "downloaded", A, "archive")

@@ -311,9 +311,9 @@ def write_canvas(root: str, assignment: str, path: str, *, canvas_assignment_id:
         except ValueError:
             differs = False
         if differs:
-            lines.append(f"note: Canvas has {theirs} points possible for this assignment, the course {points(max_score)}"
-                         f": the import's Points Possible row sets Canvas's to {points(max_score)} (its preview "
-                         f"shows it)")
+            lines.append(f"note: Canvas has {theirs} points possible for this assignment, the course "
+                         f"{points(max_score)}: the import's Points Possible row sets Canvas's to "
+                         f"{points(max_score)} (its preview shows it)")
     lines.append("next: in Canvas, Grades > Import, choose the file, check the preview (a blank cell removes a "
                  "grade Canvas holds), then Upload")
     return lines
