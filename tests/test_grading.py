@@ -12,6 +12,10 @@ On a scratch course whose assignment 02 is cut to two graded cells
 - Gradescope's results.json per submission: the format, the scores, no hidden test; the CSV of one
   assignment, with the students' submission times and lateness, written where asked, nothing left untracked;
 - a Canvas download collected with `nbgrader zip_collect` is graded, its LATE marker kept in the CSV;
+- grades back to the LMS: Canvas's gradebook import (Canvas's header exactly; a roster in Canvas's export format
+  kept with the assignment's column filled; students missing from it named; a needs-regrade score blank, never a
+  number; named by the Canvas user ids of a download without a roster), and the plain CSV with the names and
+  emails of nbgrader's gradebook;
 - a second command waits for nobody: it says who holds the course's lock.
 """
 

@@ -295,10 +295,9 @@ def write_canvas(root: str, assignment: str, path: str, *, canvas_assignment_id:
                  f"student(s) named by {source}, {scored} with a score")
     lines += _blank_lines([g for _, g in rows])
     if missing:
-        hint = ("match them through the roster's ID (nbgrader's lms_user_id, or a Canvas download's user id), "
-                "SIS Login ID or SIS User ID (their nbgrader id) or SIS Login ID (their email), or check they are "
-                "enrolled in Canvas" if roster is not None else
-                "pass Canvas's gradebook export as --canvas-roster, or give them an lms_user_id in nbgrader")
+        hint = ("their Canvas user id as nbgrader's lms_user_id, their nbgrader id as the roster's SIS Login ID "
+                "or SIS User ID, or their email as its SIS Login ID; or enrol them in Canvas" if roster is not None
+                else "pass Canvas's gradebook export as --canvas-roster, or give them nbgrader's lms_user_id")
         lines.append(f"not exported, Canvas would not know them: {len(missing)} student(s): "
                      + "; ".join(f"{g.student} ({why})" for g, why in missing) + f". To include them: {hint}.")
     if absent:
