@@ -14,6 +14,10 @@ On a scratch course whose assignment 02 is cut to two graded cells
 - Gradescope's results.json per submission: the format, the scores, no hidden test; the CSV of one
   assignment, with the students' submission times and lateness, written where asked, nothing left untracked;
 - a Canvas download collected with `nbgrader zip_collect` is graded, its LATE marker kept in the CSV;
+- grades back to the LMS: Canvas's gradebook import (Canvas's header exactly; a roster in Canvas's export format
+  kept with the assignment's column filled; students missing from it named; a needs-regrade score blank, never a
+  number; named by the Canvas user ids of a download without a roster), and the plain CSV with the names and
+  emails of nbgrader's gradebook;
 - a second command waits for nobody: it says who holds the course's lock.
 """
 
@@ -258,6 +262,173 @@ def test_exports_gradescope_results_and_the_csv_of_one_assignment_where_the_inst
     assert "wrote exports/grades.csv:" in proc.stdout
     assert _untracked(course) == [], "files left in the course repository (not ignored by git)"
 
+
+# Canvas's gradebook import, as Canvas documents and parses it (lib/gradebook_importer.rb): these student
+# columns, in this order, then one column per assignment, "<name> (<Canvas assignment id>)"
+CANVAS_IMPORT_COLUMNS = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
+LMS_CSV_COLUMNS = ["student_id", "first_name", "last_name", "email", "score", "max_score", "late", "needs_regrade"]
+
+
+def _rows(path) -> list[list[str]]:
+    import csv
+
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.reader(f))
+
+
+@contextlib.contextmanager
+def _gradebook_as(course: str, *, students: dict | None = None, undecided: dict | None = None, duedate=None):
+    """The course's gradebook and records changed for one test, then put back as they were: students' fields
+    (nbgrader's Student table), cells "needs regrade (infrastructure)" as autograde records them (no score in the
+    gradebook, the record's `needs_regrade`), the assignment's due date."""
+    import shutil
+    import warnings
+
+    from nbgrader.api import Gradebook
+
+    db = os.path.join(course, "gradebook.db")
+    saved = {db: open(db, "rb").read()}
+    for student in undecided or {}:
+        path = os.path.join(course, "graded", A, f"{student}.json")
+        saved[path] = open(path, "rb").read()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with Gradebook("sqlite:///" + db) as gb:
+                for student, fields in (students or {}).items():
+                    gb.update_or_create_student(student, **fields)
+                for student, cells in (undecided or {}).items():
+                    for cell in cells:
+                        grade = gb.find_grade(cell, notebook_name(course)[:-6], A, student)
+                        grade.auto_score, grade.needs_manual_grade = None, True
+                    gb.db.commit()
+                if duedate:
+                    gb.update_or_create_assignment(A, duedate=duedate)
+        for student, cells in (undecided or {}).items():
+            path = os.path.join(course, "graded", A, f"{student}.json")
+            rec = json.loads(saved[path])
+            rec["needs_regrade"] = list(cells)
+            for c in rec["cells"]:
+                if c["grade_id"] in cells:
+                    c.update(points=0, passed=False, inconclusive=True)
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(rec, f)
+        yield
+    finally:
+        for path, data in saved.items():
+            with open(path + ".tmp", "wb") as f:
+                f.write(data)
+            shutil.move(path + ".tmp", path)
+
+
+def _graded(course: str) -> None:
+    """The class graded (incrementally: only what is not graded yet)."""
+    proc = run_grade(course, "autograde", A, "--jobs", "2", "--quiet")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def test_grades_go_back_to_canvas_as_its_gradebook_import_named_by_its_own_export(course, tmp_path):
+    """`export --canvas` with Canvas's gradebook export as the roster: Canvas's import header, the roster's Student,
+    ID, SIS and Section values kept, the assignment's column filled; a student missing from the roster named; a
+    score that needs regrade (infrastructure) left blank and named, never a number."""
+    _graded(course)
+    roster = tmp_path / "2026-02-01T1200_Grades-LLM_Parallelism.csv"  # Canvas: Grades > Export > Entire Gradebook
+    roster.write_text(
+        "\ufeffStudent,ID,SIS User ID,SIS Login ID,Section,01 Data parallel (11111),02 Tensor parallel (12345),"
+        "Current Points,Final Points,Current Score,Final Score\n"
+        "    Points Possible,,,,,100.00,12.00,(read only),(read only),(read only),(read only)\n"
+        '"Liddell, Alice",2001,S-0001,alice.l,Section 1,88.00,,88.00,88.00,88.00,88.00\n'  # by ID (lms_user_id)
+        '"Builder, Bob",2002,bob,b.builder,Section 2,,,0.00,0.00,0.00,0.00\n'  # by SIS User ID (nbgrader id)
+        '"Carroll, Carol",2003,S-0003,carol@uni.edu,Section 1,,,0.00,0.00,0.00,0.00\n'  # by SIS Login ID (email)
+        '"Zed, Zoe",2004,S-0004,zoe,Section 2,,,0.00,0.00,0.00,0.00\n'  # enrolled, no submission
+        '"Student, Test",2005,,,Section 1,,,0.00,0.00,0.00,0.00\n', encoding="utf-8")  # dave: not enrolled
+    out = os.path.join(course, "exports", "canvas-import.csv")
+    with _gradebook_as(course, students={"alice": {"lms_user_id": "2001"}, "carol": {"email": "carol@uni.edu"}},
+                       undecided={"carol": ["test_reduce_from_region"]}):
+        t0 = time.monotonic()
+        proc = run_grade(course, "export", A, "--canvas", "exports/canvas-import.csv", "--canvas-assignment-id",
+                         "12345", "--canvas-roster", str(roster))
+        took = time.monotonic() - t0
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        rows = _rows(out)
+        # without the Canvas assignment's id: a clear error, nothing written
+        os.remove(out)
+        missing_id = run_grade(course, "export", A, "--canvas", "exports/canvas-import.csv")
+    assert rows[0] == CANVAS_IMPORT_COLUMNS + ["02 Tensor parallel (12345)"], rows[0]  # Canvas's own column name
+    assert rows[1] == ["Points Possible", "", "", "", "", "12"]
+    by_id = {r[1]: r for r in rows[2:]}
+    assert by_id["2001"] == ["Liddell, Alice", "2001", "S-0001", "alice.l", "Section 1", "12"]
+    assert by_id["2002"] == ["Builder, Bob", "2002", "bob", "b.builder", "Section 2", "0"]
+    # carol's reduce cell was not decided: no score for her, a blank cell (not the 0 of her other cell)
+    assert by_id["2003"] == ["Carroll, Carol", "2003", "S-0003", "carol@uni.edu", "Section 1", ""]
+    assert set(by_id) == {"2001", "2002", "2003"}, "only students with a submission; the others Canvas keeps"
+    said = " ".join(proc.stdout.split())
+    assert "needs regrade (infrastructure), no score exported: 1 student(s), their score left blank: carol " \
+           "(test_reduce_from_region)" in said, said
+    assert "not exported, Canvas would not know them:" in said and "dave (not in the roster)" in said, said
+    assert "in the roster without a submission of 02_tensor_parallel (no row: Canvas keeps what it has): 2 " \
+           "student(s): Zed, Zoe; Student, Test" in said, said
+    assert missing_id.returncode != 0 and not os.path.exists(out)
+    assert "--canvas needs --canvas-assignment-id: the assignment's id in Canvas" in missing_id.stderr
+    assert _untracked(course) == [], "files left in the course repository (not ignored by git)"
+    print(f"\nexport --canvas with a roster: {took:.1f} s")
+
+
+def test_the_lms_csv_has_the_gradebook_s_names_and_emails_and_no_undecided_score(course):
+    """`export --lms-csv`: one row per student of the assignment, names and emails from nbgrader's gradebook
+    (its Student table, as `nbgrader db student import` fills it) where it has them, empty where not."""
+    import datetime
+
+    _graded(course)
+    alice = {"first_name": "Alice", "last_name": "Liddell", "email": "alice@uni.edu"}
+    with _gradebook_as(course, students={"alice": alice}, undecided={"dave": ["test_copy_to_region"]},
+                       duedate=datetime.datetime(2026, 1, 20, 23, 59)):
+        proc = run_grade(course, "export", A, "--lms-csv", "exports/grades-lms.csv")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = _rows(os.path.join(course, "exports", "grades-lms.csv"))
+    assert rows[0] == LMS_CSV_COLUMNS
+    by_student = {r[0]: r for r in rows[1:]}
+    assert by_student["alice"] == ["alice", "Alice", "Liddell", "alice@uni.edu", "12", "12", "no", ""]
+    assert by_student["bob"] == ["bob", "", "", "", "0", "12", "no", ""]
+    assert by_student["carol"] == ["carol", "", "", "", "6", "12", "yes", ""]  # submitted after the due date
+    assert by_student["dave"] == ["dave", "", "", "", "", "12", "no", "test_copy_to_region"]  # no score: blank
+    assert "wrote exports/grades-lms.csv:" in proc.stdout
+    assert "dave (test_copy_to_region)" in proc.stdout
+    assert _untracked(course) == [], "files left in the course repository (not ignored by git)"
+
+
+def test_a_canvas_export_that_cannot_be_right_is_refused_with_the_reason_before_anything_is_written(tmp_path):
+    """No Canvas import written from a roster that is not Canvas's gradebook export, for a Canvas assignment id
+    that is not a number or not in the roster (Canvas would make a new assignment of the column), or for two
+    assignments at once (an import column has one id). Checked before the gradebook is read: no course needed."""
+    from autograder.grading.exports import export
+
+    other_tool = tmp_path / "other.csv"
+    other_tool.write_text("Name,Email,Grade\nAlice,alice@uni.edu,12\n", encoding="utf-8")
+    canvas = tmp_path / "canvas.csv"
+    canvas.write_text("Student,ID,SIS User ID,SIS Login ID,Section,01 Data parallel (11111)\n"
+                      '"Liddell, Alice",2001,S-0001,alice,Section 1,88.00\n', encoding="utf-8")
+    out = tmp_path / "exports" / "import.csv"
+    cases = {
+        "is not Canvas's gradebook export: its first row starts Name, Email, Grade; Canvas's starts Student, ID, SIS "
+        "User ID, SIS Login ID, Section": ([A], dict(canvas_assignment_id="12345", canvas_roster=str(other_tool))),
+        "Canvas assignment 12345 is not a column of --canvas-roster": (
+            [A], dict(canvas_assignment_id="12345", canvas_roster=str(canvas))),
+        "--canvas-assignment-id 'tp-02': Canvas's assignment ids are numbers": (
+            [A], dict(canvas_assignment_id="tp-02")),
+        "--canvas needs --canvas-assignment-id": ([A], {}),
+        "--canvas writes one assignment's grades: name one assignment (not 2)": (
+            [A, "03_pipeline_parallel"], dict(canvas_assignment_id="12345")),
+    }
+    for message, (assignments, options) in cases.items():
+        with pytest.raises(SystemExit) as exc:
+            list(export(str(tmp_path), assignments, canvas=str(out), **options))
+        assert message in str(exc.value), (message, str(exc.value))
+        assert not out.exists()
+    with pytest.raises(SystemExit, match="--canvas-assignment-id and --canvas-roster go with --canvas FILE"):
+        list(export(str(tmp_path), [A], canvas_roster=str(canvas)))
+
+
 def test_a_canvas_download_is_collected_with_nbgrader_zip_collect_and_graded(course):
     """Canvas names each file <login>_<user id>_<submission id>_<the student's file name> (LATE_ after the login)."""
     archive = os.path.join(course, "downloaded", A, "archive")
@@ -283,6 +454,16 @@ def test_a_canvas_download_is_collected_with_nbgrader_zip_collect_and_graded(cou
     # Canvas gives no submission time: the timestamp stays empty (not the grading time), LATE is kept
     assert {s: (rows[s]["timestamp"], rows[s]["late"], float(rows[s]["score"])) for s in ("judy", "kim")} == {
         "judy": ("", "no", 12.0), "kim": ("", "yes", 0.0)}
+    # the grades go back: Canvas's user ids, read from its file names, name the students in its gradebook import
+    with open(os.path.join(course, "downloaded", A, "canvas-users.json"), encoding="utf-8") as f:
+        assert json.load(f) == {"judy": "123", "kim": "789"}
+    proc = run_grade(course, "export", A, "--canvas", "exports/canvas-import.csv", "--canvas-assignment-id", "777")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = _rows(os.path.join(course, "exports", "canvas-import.csv"))
+    assert rows[0] == CANVAS_IMPORT_COLUMNS + [f"{A} (777)"]
+    assert rows[1:] == [["Points Possible", "", "", "", "", "12"], ["judy", "123", "", "", "", "12"],
+                        ["kim", "789", "", "", "", "0"]]
+    assert "alice (no Canvas user id)" in proc.stdout  # collected otherwise: named, not exported
     assert _untracked(course) == [], "files left in the course repository (not ignored by git)"
 
 

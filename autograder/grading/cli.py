@@ -5,6 +5,7 @@
     python -m autograder.grade merge graded/02_tensor_parallel/shards/shard-*.json
     python -m autograder.grade scores                                    # the gradebook
     python -m autograder.grade export 02_tensor_parallel --gradescope exports/gs --csv exports/02.csv
+    python -m autograder.grade export 02_tensor_parallel --canvas exports/02-canvas.csv --canvas-assignment-id 12345
     python -m autograder.grade demo                                      # sample submissions, graded, the table
     python -m autograder.grade student-package [--lang zh]               # dist/llm-parallelism-course.tar.gz
     python -m autograder.grade gradescope-package 02_tensor_parallel     # dist/gradescope-02_tensor_parallel.zip
@@ -329,12 +330,25 @@ def main(argv=None) -> int:
     p_merge = sub.add_parser("merge", help="fold shard result files into the gradebook (idempotent)")
     p_merge.add_argument("files", nargs="+")
     sub.add_parser("scores", help="print the gradebook")
-    p_exp = sub.add_parser("export", help="Gradescope results.json per submission; a CSV of the assignments' grades")
+    p_exp = sub.add_parser("export", help="Gradescope results.json per submission; a CSV of the assignments' grades; "
+                                          "Canvas's gradebook import; a CSV for any LMS")
     p_exp.add_argument("assignments", nargs="+")
     p_exp.add_argument("--gradescope", default=None, help="folder for <student>/results.json")
     p_exp.add_argument("--csv", default=None,
                        help="this file: one row per submission of the assignments (nbgrader export's columns, the "
                             "student's submission time, and `late`)")
+    p_exp.add_argument("--canvas", default=None, metavar="FILE",
+                       help="this file: Canvas's gradebook import CSV for the assignment (Grades > Import in Canvas): "
+                            "Student, ID, SIS User ID, SIS Login ID, Section and the assignment's column; a score "
+                            "not decided (needs regrade) is left blank and listed")
+    p_exp.add_argument("--canvas-assignment-id", default=None, metavar="ID",
+                       help="with --canvas: the assignment's id in Canvas (.../courses/<course>/assignments/<ID>)")
+    p_exp.add_argument("--canvas-roster", default=None, metavar="PATH",
+                       help="with --canvas: Canvas's gradebook export (Grades > Export), whose Student, ID, SIS "
+                            "and Section values the import keeps (default: the Canvas user ids zip_collect read)")
+    p_exp.add_argument("--lms-csv", default=None, metavar="FILE",
+                       help="this file: one row per student of the assignment: student_id, first_name, last_name, "
+                            "email (nbgrader's gradebook), score, max_score, late, needs_regrade")
     p_pkg = sub.add_parser("student-package", help="write the student archive (notebooks, lessons, wheel)")
     p_pkg.add_argument("--out", default="dist", help="folder for the archive (default: dist)")
     p_pkg.add_argument("--lang", default=None, help="en or zh (default: the language release/ is in)")
@@ -373,7 +387,9 @@ def main(argv=None) -> int:
     if args.cmd == "export":
         from autograder.grading.exports import export
 
-        for line in export(root, args.assignments, gradescope=args.gradescope, csv=args.csv):
+        for line in export(root, args.assignments, gradescope=args.gradescope, csv=args.csv, canvas=args.canvas,
+                           canvas_assignment_id=args.canvas_assignment_id, canvas_roster=args.canvas_roster,
+                           lms_csv=args.lms_csv):
             print(line)
         return 0
     assignments = args.assignments or released_assignments(root)
