@@ -55,7 +55,8 @@ import traceback
 import warnings
 
 __all__ = ["grade_class", "merge_results", "course_lock", "read_results", "result_path", "ClassRunError",
-           "submissions", "shard_of", "shard_path", "backup_gradebook", "grader_fingerprint", "write_gradebook"]
+           "submissions", "shard_of", "shard_path", "backup_gradebook", "grader_fingerprint", "write_gradebook",
+           "no_sandbox_message"]
 
 # graded/<assignment>/ holds the students' records, <student>.json (and <student>.json.tmp while one is written),
 # and the grader's own files in SHARDS/, a name no record can take (a record's name ends in .json)
@@ -480,6 +481,13 @@ def _graded_cells(source: dict) -> list[tuple[str, float]]:
             if _meta(c).get("grade") and not _meta(c).get("solution")]
 
 
+def no_sandbox_message(why: str) -> str:
+    """The refusal of a grading command (a class's, Gradescope's) where the sandbox does not work (`why`:
+    sandbox_status's reason)."""
+    return (f"no sandbox: {why.rstrip('.')}. Nothing was graded: fix that, or grade without a sandbox with "
+            f"--no-sandbox (student code then sees the course's files: see the README's threat model)")
+
+
 def grade_class(root: str, assignment: str, *, jobs: int | None = None, shard: tuple[int, int] | None = None,
                 force: bool = False, isolate: bool = True, memory_bytes: int = 4 * 2**30, max_pids: int = 512,
                 budget: float = 600.0, progress: bool = True, students: list[str] | None = None,
@@ -497,9 +505,7 @@ def grade_class(root: str, assignment: str, *, jobs: int | None = None, shard: t
     if isolate:
         ok, why = sandbox_status()
         if not ok:
-            raise ClassRunError(f"no sandbox: {why.rstrip('.')}. Nothing was graded: fix that, or grade without "
-                                f"a sandbox with --no-sandbox (student code then sees the course's files: see "
-                                f"the README's threat model)")
+            raise ClassRunError(no_sandbox_message(why))
     with open(source_notebook(root, assignment), encoding="utf-8") as f:
         source = json.load(f)
     rel_path = release_notebook(root, assignment)
