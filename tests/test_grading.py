@@ -12,7 +12,8 @@ On a scratch course whose assignment 02 is cut to two graded cells
 - notebooks that cannot be graded get a named reason, and everyone else is graded; so do student folders
   whose name cannot name files (250 characters, a terminal escape), in every later run too;
 - Gradescope's results.json per submission: the format, the scores, no hidden test; the CSV of one
-  assignment, with the students' submission times and lateness, written where asked, nothing left untracked;
+  assignment, with the students' submission times and lateness, written where asked, nothing left untracked
+  (the Gradescope autograder itself, its zip set up and run as Gradescope does: tests/test_gradescope.py);
 - a Canvas download collected with `nbgrader zip_collect` is graded, its LATE marker kept in the CSV;
 - grades back to the LMS: Canvas's gradebook import (Canvas's header exactly; a roster in Canvas's export format
   kept with the assignment's column filled; students missing from it named; a needs-regrade score blank, never a
@@ -475,39 +476,6 @@ def test_a_second_grading_command_is_told_who_holds_the_lock(course):
         proc = run_grade(course, "autograde", A, "--quiet")
     assert proc.returncode != 0 and time.monotonic() - t0 < 30
     assert "another grading command holds the course's lock (pid" in proc.stdout + proc.stderr
-
-
-def test_the_course_runs_as_a_gradescope_autograder(course, tmp_path):
-    """The zip Gradescope takes; its run_autograder's command on an upload; results.json per Gradescope's format."""
-    proc = run_grade(course, "gradescope-package", A, "--out", str(tmp_path))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    with zipfile.ZipFile(tmp_path / f"gradescope-{A}.zip") as z:
-        names = z.namelist()
-        z.extractall(tmp_path / "autograder" / "source")
-        run = z.read("run_autograder").decode()
-    assert {"setup.sh", "run_autograder"} <= set(names)
-    wheels = [n for n in names if n.startswith("wheels/") and n.endswith(".whl")]
-    assert len(wheels) == 1, names
-    with zipfile.ZipFile(tmp_path / "autograder" / "source" / wheels[0]) as whl:  # the whole package: it grades
-        assert {"autograder/grading/gradescope.py", "autograder/grading/trusted.py",
-                "autograder/runtime/dist.py", "autograder/checks/__init__.py"} <= set(whl.namelist())
-    assert not [n for n in names if n.startswith(("solutions/", "tests/"))]
-    assert f"-m autograder.grading.gradescope {A} --course /autograder/source" in run
-    # one upload (each is a fresh run of the package: ~15 s), partly right: neither every point nor none
-    upload = tmp_path / "autograder" / "submission"
-    upload.mkdir()
-    wrong = edit(reference(course), "tp_mappings", lambda s: s.replace(*WRONG))
-    (upload / "my_lab.ipynb").write_text(json.dumps(wrong))  # Gradescope keeps the student's file name
-    results = tmp_path / "results.json"
-    env = dict(__import__("grading_course").env(course), PYTHONPATH="")  # only the installed autograder
-    proc = subprocess.run([sys.executable, "-m", "autograder.grading.gradescope", A, "--course",
-                           str(tmp_path / "autograder" / "source"), "--submission", str(upload), "--results",
-                           str(results)], env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    data = json.loads(results.read_text())
-    assert data["score"] == 6 and len(data["tests"]) == 2
-    assert all(t["name"].startswith("Exercise 1 \u00b7 ") for t in data["tests"])
-    assert sorted(t["score"] for t in data["tests"]) == [0, 6], data["tests"]
 
 
 def _worker_of(student: str) -> int | None:

@@ -191,8 +191,8 @@ _RUN_AUTOGRADER = """#!/usr/bin/env bash
 # Gradescope runs this for every upload, from /autograder: the student's files are in /autograder/submission,
 # the results go to /autograder/results/results.json.
 set -euo pipefail
-""" + _FIND_LAYOUT + """exec "$root/venv/bin/python" -m autograder.grading.gradescope {assignment} --course "$source_dir" \\
-    --submission "$root/submission" --results "$root/results/results.json"
+""" + _FIND_LAYOUT + """exec "$root/venv/bin/python" -m autograder.grading.gradescope {assignment} \\
+    --course "$source_dir" --submission "$root/submission" --results "$root/results/results.json"
 """
 
 
