@@ -39,8 +39,8 @@ import traceback
 __all__ = ["grade_upload", "ungraded_results", "main", "NOT_GRADED"]
 
 NOT_GRADED = ("This upload could not be graded: {what}. The 0 shown is not a grade of your work: your course staff "
-              "can see the reason in the autograder's output, and once it is fixed your submission is graded again "
-              "(or submit it again then).")
+              "can see the reason in the autograder's output, and once it is fixed they can regrade your submission "
+              "(or you can submit it again then).")
 
 
 def ungraded_results(what: str, *, seconds: float = 0.0) -> dict:
