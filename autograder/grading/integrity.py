@@ -327,6 +327,7 @@ class Guard:
         from autograder.runtime import dist
 
         self.tools = {"run_distributed": dist.run_distributed, "DistributedError": dist.DistributedError,
+                      "InconclusiveRun": dist.InconclusiveRun,
                       "exception_record": dist._exception_record, "loads": cloudpickle.loads,
                       "json_dumps": json.dumps, "asdict": dataclasses.asdict, "save": torch.save}
         self._modules: dict = {}  # name -> the module object

@@ -46,7 +46,7 @@ KINDS = ("a stub", "wrong values", "wrong or missing communication", "the ranks 
          "a collective was given a non-contiguous tensor", "your code raised", "a rank raised", "a deadlock",
          "the ranks did not finish in time", "the ranks did not start in time", "a rank's process died",
          "a rank failed", "a wrong result", "the check could not use", "the submission's process did not answer",
-         "the ranks' results could not be used", "a failure of another kind")
+         "the ranks' results could not be used", "a failure of another kind", "the run could not be decided")
 
 _NOT_SHOWN = ("The hidden cases' inputs (world sizes, flags, shapes, tensors) are not shown: the visible tests "
               "run the same check on inputs you can read; try yours on other sizes too.")
@@ -229,6 +229,8 @@ def _check_failure_kind(exc: BaseException) -> str:
 
 
 def _distributed_kind(exc) -> tuple[str, list[str]]:
+    if type(exc).__name__ == "InconclusiveRun":
+        return "the run could not be decided (the grading machine was too busy to tell slow from stuck)", []
     failures = list(getattr(exc, "failures", []) or [])
     summary = str(getattr(exc, "summary", "") or "")
     if not failures:
