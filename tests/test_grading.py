@@ -723,6 +723,17 @@ def test_an_undecided_check_is_graded_again_alone_then_needs_regrade_never_a_zer
     assert "NEEDS REGRADE (infrastructure): test_copy_to_region" in scores, scores
     html_text = open(os.path.join(root, rec["feedback"]), encoding="utf-8").read()
     assert "not graded yet: the grading machine was too busy" in html_text
+    # Gradescope's results (the export, and an upload graded there): the undecided test has no score and no status
+    from autograder.grading.exports import cell_titles, gradescope_results
+
+    source = json.load(open(os.path.join(root, "source", A, notebook_name(root)), encoding="utf-8"))
+    results = gradescope_results(rec, cell_titles(source))
+    tests = {t["name"]: t for t in results["tests"]}
+    undecided_test = tests[cell_titles(source)["test_copy_to_region"]]
+    assert "score" not in undecided_test and "status" not in undecided_test, undecided_test
+    assert undecided_test["output"].startswith("not graded yet")
+    assert results["output"].startswith("Not graded yet: the grading machine was too busy to decide 1 check(s)")
+    assert results["extra_data"] == {"needs_regrade": ["test_copy_to_region"]} and results["score"] == 6.0
     # the next run grades it again: the rule that keeps an unchanged submission's record does not keep this one
     from autograder.grading.classrun import still_valid
 
