@@ -28,6 +28,7 @@ __all__ = ["MAX_FEEDBACK_CHARS", "MAX_RECORD_CHARS", "fit_notebook", "cap_record
 MAX_FEEDBACK_CHARS = 4_000_000  # the whole feedback page (HTML, its styles included; counted as in its record)
 MAX_RECORD_CHARS = MAX_FEEDBACK_CHARS + 1_000_000  # a result record (JSON), its feedback page included
 PAGE_CHARS = 400_000  # the page without any cell: its styles (bootstrap, pygments), head, table of contents
+NOTE_CHARS = 600  # a note where something was left out, in the page
 MAX_ANSWER_CHARS = 20_000  # kept of one answer cell's code when even the notebook's own cells did not fit
 MAX_WARNINGS = 30  # warnings kept in a record (the rest counted in one more)
 MAX_WARNING_CHARS = 1_000
@@ -67,11 +68,11 @@ def output_chars(output: dict) -> int:
 
 
 def source_chars(cell: dict) -> int:
-    """The cell without its outputs: highlighted code is about five times its text (a span per token)."""
+    """The cell without its outputs in the page: highlighted code is up to six times its text (a span per token)."""
     src = _text(cell.get("source"))
     if cell.get("cell_type") == "code":
-        return 6 * len(src) + 800
-    return _html_chars(src) + len(src) // 2 + 400
+        return 6 * len(src) + 400
+    return _html_chars(src) + len(src) // 2 + 300
 
 
 def _meta(cell: dict) -> dict:
@@ -82,11 +83,11 @@ def _stream(text: str) -> dict:
     return {"output_type": "stream", "name": "stdout", "text": text}
 
 
-def _markdown(text: str, n: int, nb: dict) -> dict:
+def _markdown(text: str, n, nb: dict) -> dict:
     """A note of the feedback's own, as a markdown cell (with an id where the notebook's format has cell ids)."""
     cell = {"cell_type": "markdown", "metadata": {}, "source": text}
     if (nb.get("nbformat"), nb.get("nbformat_minor", 0)) >= (4, 5):
-        cell["id"] = f"feedback-note-{n}"
+        cell["id"] = f"autograder-feedback-note-{n}"
     return cell
 
 
@@ -115,6 +116,8 @@ def fit_notebook(nb: dict, budget: int, *, keep: set[int], released: set[str] = 
     for n, i, j in sorted(outputs, reverse=True):
         if total <= budget:
             break
+        if i not in dropped:
+            total += NOTE_CHARS  # the note that says so
         dropped.setdefault(i, []).append((j, n))
         total -= n
     for i, gone in dropped.items():
@@ -123,7 +126,6 @@ def fit_notebook(nb: dict, budget: int, *, keep: set[int], released: set[str] = 
         note = _stream(f"[{len(gone)} output{'s' if len(gone) > 1 else ''} of this cell ({size:,} characters) not "
                        f"shown: the feedback page is capped at {cap}; the submitted notebook has "
                        f"{'them' if len(gone) > 1 else 'it'}]\n")
-        total += output_chars(note)
         cells[i]["outputs"] = [o for j, o in enumerate(cells[i]["outputs"]) if j not in which] + [note]
         left["outputs"] += len(gone)
         left["output_chars"] += size
@@ -139,6 +141,8 @@ def fit_notebook(nb: dict, budget: int, *, keep: set[int], released: set[str] = 
         for i in order:
             if total <= budget:
                 break
+            if i - 1 not in gone and i + 1 not in gone:
+                total += NOTE_CHARS  # a run of left-out cells gets one note (counted once per run, about)
             gone.add(i)
             total -= weight(i)
         if gone:
@@ -164,7 +168,6 @@ def fit_notebook(nb: dict, budget: int, *, keep: set[int], released: set[str] = 
             flush()
             # indices change: the kept cells keep their identity, `keep` is not used below
             nb["cells"] = cells = kept_cells
-            total += 500 * left["cells"]
     # 4. the student's code in the answer cells, beyond MAX_ANSWER_CHARS each
     if total > budget:
         for c in cells:
@@ -198,7 +201,7 @@ def left_out_note(left: dict, page_limit: int = MAX_FEEDBACK_CHARS) -> str | Non
 def with_note(nb: dict, note: str) -> dict:
     """`nb` with a first cell saying what the feedback leaves out."""
     nb = dict(nb)
-    nb["cells"] = [_markdown(f"**Note:** {note[0].upper()}{note[1:]}.", 0, nb)] + list(nb["cells"])
+    nb["cells"] = [_markdown(f"**Note:** {note[0].upper()}{note[1:]}.", "top", nb)] + list(nb["cells"])
     return nb
 
 
