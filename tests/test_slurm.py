@@ -293,7 +293,8 @@ def test_the_shipped_sbatch_script_grades_a_class_as_an_array_and_merge_gives_th
     states = cluster.wait_done(merge_id, 300)
     assert states == ["COMPLETED"], f"the merge:\n{cluster.describe(merge_id)}\n" + _tails(logs + cluster.logs)
     for i in range(1, n + 1):
-        assert os.path.exists(os.path.join(course, "graded", A, f"shard-{i}-of-{n}.json")), f"shard {i} of {n}"
+        path = os.path.join(course, "graded", A, "shards", f"shard-{i}-of-{n}.json")
+        assert os.path.exists(path), f"shard {i} of {n}"
     # each task's log is where the script says, in the course root (ignored by git)
     assert len([f for f in logs if re.search(rf"slurm-autograde-{array_id}_\d\.out$", f)]) == n, logs
     slurm_book = _book(course)

@@ -8,6 +8,7 @@
     trusted             the verdicts, decided in a process that never runs student code
     feedback            the feedback page and the result record kept under their caps
     exports             Gradescope's results.json, nbgrader's CSV
+    lms                 grades back to the LMS: Canvas's gradebook import CSV, a plain CSV with names and emails
     gradescope          the course as a Gradescope autograder (run_autograder calls it)
 
 Used by the instructor (the command line, nbgrader_config.py), by the cluster

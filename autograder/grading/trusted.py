@@ -171,6 +171,21 @@ MAX_REPLY = 256 << 20  # a reply's data (the ranks' tensors): more is refused, t
 RESERVE_MB = 32  # scratch space kept for the runner while the student's cells run
 
 
+# A student function called by a check in the grader: its CPU budget (a verdict past it), and the wall clock
+# past which the call is given up as inconclusive (a machine too busy to tell).
+CALL_CPU_S = 60.0
+CALL_BACKSTOP_S = 900.0
+
+
+def start_backstop(cpu_budget: float) -> float:
+    """Wall-clock seconds after which a zygote still running the notebook's cells is given up (inconclusive)."""
+    return max(600.0, 5.0 * cpu_budget)
+
+
+class StartInconclusive(RuntimeError):
+    """The notebook's cells had not finished when the wall clock gave up, within their CPU budget."""
+
+
 class ChannelError(RuntimeError):
     """The other side closed the channel, broke its framing, sent too much, or did not answer in time."""
 
@@ -365,6 +380,9 @@ def _serve(requests: int, reply: int, namespace: dict) -> None:
                 try:
                     result = dist.run_distributed(fn_or_name, world_size, **kwargs)
                     send_frame(reply, {"id": rid, "ok": True}, _to_bytes(result))
+                except dist.InconclusiveRun as exc:
+                    send_frame(reply, {"id": rid, "ok": False, "kind": "inconclusive"},
+                               json.dumps({"inconclusive": exc.summary[:4000]}).encode())
                 except dist.DistributedError as exc:
                     send_frame(reply, {"id": rid, "ok": False, "kind": "distributed"},
                                json.dumps({"summary": exc.summary, "failures": [dataclasses.asdict(f)
@@ -466,6 +484,9 @@ class ZygoteClient:
         self.cell_errors: list = []
         self.starts = 0
         self._next = 0
+        # why each run or call that could not be decided was not (the machine too busy, the channel silent):
+        # a cell that fails after one of these is "needs regrade", never a verdict (issue 28)
+        self.inconclusive: list[str] = []
 
     # -- life cycle -----------------------------------------------------------------
     def start(self) -> None:
@@ -474,6 +495,8 @@ class ZygoteClient:
                "_zygote_main(sys.argv[1], sys.argv[2], int(sys.argv[3]))",
                self.inputs, self.workdir, str(self.output_limit)]
         env = {"TORCH_CPP_LOG_LEVEL": "ERROR", "PYTHONHASHSEED": "0", "MPLBACKEND": "Agg"}
+        if os.environ.get("AUTOGRADER_BACKSTOP_S"):  # the runner's wall-clock backstop (autograder.runtime.dist)
+            env["AUTOGRADER_BACKSTOP_S"] = os.environ["AUTOGRADER_BACKSTOP_S"]
         if self.sandbox is not None:
             self.proc = self.sandbox.popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                            stderr=subprocess.DEVNULL)
@@ -486,12 +509,23 @@ class ZygoteClient:
         self._in = self.proc.stdin.fileno()
         os.set_blocking(self._out, False)
         os.set_blocking(self._in, False)
+        # the cells get `start_timeout` CPU-seconds; the clock only gives up (inconclusive) far later
+        waited = self._await_reply(self.start_timeout, start_backstop(self.start_timeout))
+        if waited != "ready":
+            self.close()
+            if waited == "cpu":
+                raise RuntimeError(f"the submission's cells computed for {self.start_timeout:g} CPU-seconds "
+                                   f"without finishing (an endless loop in a cell?)")
+            self.inconclusive.append("the submission's cells had not finished when the machine's time ran out")
+            raise StartInconclusive(f"not graded yet: the submission's cells had not finished after "
+                                    f"{start_backstop(self.start_timeout):g} s on a busy machine, without "
+                                    f"using their CPU budget (infrastructure; it will be regraded)")
         try:
             msg, _ = read_frame(self._out, time.monotonic() + self.start_timeout, max_blob=0)
         except ChannelError as exc:
             self.close()
-            why = ("the submission's cells did not finish running within " f"{self.start_timeout:g} s (or its "
-                   "process died)") if str(exc) == "timeout" or "closed" in str(exc) else str(exc)
+            why = "the submission's process died while running its cells" if str(exc) == "timeout" \
+                or "closed" in str(exc) else str(exc)
             raise RuntimeError(why) from None
         if not msg.get("ready"):
             self.close()
@@ -503,6 +537,36 @@ class ZygoteClient:
 
     def _alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def cpu_seconds(self) -> float | None:
+        """CPU time the submission's processes have used (the sandbox's cgroup; without one, the zygote's own)."""
+        if self.sandbox is not None and hasattr(self.sandbox, "cpu_seconds"):
+            used = self.sandbox.cpu_seconds()
+            if used is not None:
+                return used
+        if self.proc is None:
+            return None
+        from autograder.runtime.dist import _cpu_seconds
+
+        return _cpu_seconds(self.proc.pid)
+
+    def _await_reply(self, cpu_budget: float | None, backstop: float) -> str:
+        """Wait until the zygote has something to say ("ready"), its processes have used `cpu_budget`
+        CPU-seconds since now ("cpu": a verdict), or `backstop` wall-clock seconds passed ("clock": not one)."""
+        t0 = time.monotonic()
+        cpu0 = self.cpu_seconds()
+        while True:
+            left = t0 + backstop - time.monotonic()
+            if left <= 0:
+                return "clock"
+            if select.select([self._out], [], [], min(left, 0.5))[0]:
+                return "ready"
+            if cpu_budget is not None and cpu0 is not None:
+                used = self.cpu_seconds()
+                if used is not None and used - cpu0 >= cpu_budget:
+                    return "cpu"
+            if self.proc is not None and self.proc.poll() is not None:
+                return "ready"  # it died: reading says so
 
     def close(self) -> None:
         """Stop the zygote and everything it started."""
@@ -534,25 +598,39 @@ class ZygoteClient:
         self.close()
 
     # -- requests ---------------------------------------------------------------------
-    def _request(self, op: str, payload, timeout: float):
+    def _request(self, op: str, payload, backstop: float, cpu_budget: float | None = None):
+        """Send one request and wait for its reply: the submission's processes may use `cpu_budget`
+        CPU-seconds on it (past that: a TimeoutError record, a verdict); past `backstop` wall-clock seconds
+        the request is given up as inconclusive (an "Inconclusive" record: the machine, not the code)."""
         if not self._alive():
             self.close()
             self.start()  # a previous request killed it: a fresh one for the next check
         self._next += 1
         rid = self._next
-        deadline = time.monotonic() + timeout
+        t0 = time.monotonic()
+        deadline = t0 + backstop
         try:
             send_frame(self._in, {"id": rid, "op": op}, dumps_by_value(payload), deadline)
             while True:
-                header, blob = read_frame(self._out, deadline)
+                waited = self._await_reply(cpu_budget, max(0.0, deadline - time.monotonic()))
+                if waited == "cpu":
+                    self.close()
+                    return None, {"type": "TimeoutError", "message": f"the submission computed for {cpu_budget:g} "
+                                  f"CPU-seconds without answering (an endless loop?); it was stopped",
+                                  "frames": [], "stub": ""}
+                if waited == "clock":
+                    raise ChannelError("timeout")
+                header, blob = read_frame(self._out, time.monotonic() + 60.0)
                 if header.get("id") == rid:
                     break
         except ChannelError as exc:
             self.close()
-            why = (f"the submission did not answer within {timeout:g} s (or its process died); it was stopped"
-                   if str(exc) == "timeout" else f"{exc}; it was stopped")
-            return None, {"type": "TimeoutError" if str(exc) == "timeout" else "RuntimeError", "message": why,
-                          "frames": [], "stub": ""}
+            if str(exc) == "timeout":
+                why = (f"the submission's process had not answered after {time.monotonic() - t0:.0f} s on a busy "
+                       f"machine, without using its CPU budget: not a verdict (infrastructure)")
+                self.inconclusive.append(why)
+                return None, {"type": "Inconclusive", "message": why, "frames": [], "stub": ""}
+            return None, {"type": "RuntimeError", "message": f"{exc}; it was stopped", "frames": [], "stub": ""}
         try:
             if header.get("ok"):
                 return safe_load(blob), None
@@ -566,10 +644,18 @@ class ZygoteClient:
 
     def run(self, fn, world_size: int, kwargs: dict):
         """run_distributed(fn, world_size, **kwargs) in the zygote; the same contract as locally."""
-        from autograder.runtime.dist import DistributedError, RankFailure
+        from autograder.runtime.dist import (STARTUP_TIMEOUT_S, DistributedError, InconclusiveRun, RankFailure,
+                                             wall_backstop)
 
-        timeout = float(kwargs.get("timeout", 20.0)) + 30.0
-        value, err = self._request("run", (fn, world_size, kwargs), timeout)
+        # the zygote's runner decides (on evidence, or inconclusive at its own backstop); this is a safety net
+        backstop = wall_backstop(float(kwargs.get("timeout", 20.0))) + STARTUP_TIMEOUT_S + 60.0
+        value, err = self._request("run", (fn, world_size, kwargs), backstop)
+        if err is not None and (err.get("type") == "Inconclusive" or "inconclusive" in err):
+            # (a submission could claim this of its own runs: that gets it "needs regrade", never points)
+            why = str(err.get("inconclusive") or err.get("message"))[:4000]
+            if err.get("type") != "Inconclusive":
+                self.inconclusive.append(why)
+            raise InconclusiveRun(why)
         if err is None:
             if not isinstance(value, list) or len(value) != world_size:
                 raise DistributedError(f"run_distributed: expected one result per rank ({world_size}), got "
@@ -585,9 +671,13 @@ class ZygoteClient:
         raise DistributedError(f"run_distributed: {err.get('type')}: {err.get('message')}", [])
 
     def call(self, name: str, args, kwargs):
-        value, err = self._request("call", (name, args, kwargs), 60.0)
+        value, err = self._request("call", (name, args, kwargs), CALL_BACKSTOP_S, cpu_budget=CALL_CPU_S)
         if err is None:
             return value
+        if err.get("type") == "Inconclusive":
+            from autograder.runtime.dist import InconclusiveRun
+
+            raise InconclusiveRun(str(err.get("message")))
         raise remote_exception(err)
 
 
@@ -611,6 +701,7 @@ class CellVerdict:
     message: str = ""
     visible_passed: bool | None = None  # the visible part alone (what the student's own run showed)
     backend_note: str | None = None  # the cell run again on a second backend (NCCL): not graded
+    inconclusive: str | None = None  # why this cell could not be decided (the machine, not the code): no verdict
 
 
 def _meta(cell) -> dict:
@@ -800,22 +891,31 @@ def _backend_note(code: str, namespace: dict, backend: str, label: str) -> str:
     return f"{shown}: FAILED (not graded): {first[:400]}"
 
 
-def _not_graded(tests: list, why: str) -> dict[str, CellVerdict]:
-    """Every test cell failed, for one reason, before any check could run."""
+def _not_graded(tests: list, why: str, inconclusive: bool = False) -> dict[str, CellVerdict]:
+    """Every test cell failed, for one reason, before any check could run (or, `inconclusive`, was not decided)."""
     return {_meta(c)["grade_id"]: CellVerdict(_meta(c)["grade_id"], False, 0.0, float(_meta(c).get("points", 0)),
-                                              why, False) for c in tests}
+                                              why, False, inconclusive=why if inconclusive else None)
+            for c in tests}
+
+
+NOT_DECIDED = ("not graded yet: the grading machine was too busy to decide this check (not a verdict on your "
+               "code); it will be graded again")
 
 
 def grade_notebook(submitted: dict, source: dict, *, inputs: str | None = None, sandbox=None,
                    budget: float = 600.0, memory_note: str = "out of memory",
-                   second_backend: str | None = None) -> tuple[dict[str, CellVerdict], list]:
+                   second_backend: str | None = None, backstop_factor: float = 6.0
+                   ) -> tuple[dict[str, CellVerdict], list]:
     """Trusted verdicts of every graded cell of `submitted` (dicts of the notebooks' JSON).
 
     Test cells come from `source` (hidden tests included) and run here; the
     student's cells run only in the zygote, a fresh interpreter in `sandbox`
     (or a plain subprocess without one). `inputs` is a folder only the grader
     writes (made here if not given). Returns (verdicts by grade id, the
-    student's cell errors). `budget` bounds the whole notebook (seconds).
+    student's cell errors). `budget` bounds the whole notebook in CPU-seconds of the submission's processes
+    (the cells past it: not graded, 0); the wall clock gives up only at `backstop_factor` x `budget`, and the
+    cells it leaves are inconclusive. A cell whose failure came with an inconclusive run (a machine too busy
+    to tell slow from stuck) is inconclusive too: `CellVerdict.inconclusive`, no points, never a verdict.
     A check during which the sandbox killed a process for its memory says so
     first (`memory_note`), whatever the process's death looked like from here.
     With `second_backend` ("nccl" on a GPU grading node), each test cell runs
@@ -837,7 +937,7 @@ def grade_notebook(submitted: dict, source: dict, *, inputs: str | None = None, 
              and not _meta(c).get("solution")]
     setup = [c for c in source["cells"] if c.get("cell_type") == "code" and _meta(c).get("locked")
              and not _meta(c).get("grade")]
-    deadline = time.monotonic() + budget
+    deadline = time.monotonic() + budget * backstop_factor
     try:
         released_free = {_src(c) for c in source["cells"] if c.get("cell_type") == "code" and not _meta(c)}
         client = ZygoteClient(copy.deepcopy(submitted), inputs, workdir, sandbox=sandbox,
@@ -847,6 +947,8 @@ def grade_notebook(submitted: dict, source: dict, *, inputs: str | None = None, 
 
         try:
             client.__enter__()
+        except StartInconclusive as exc:
+            return _not_graded(tests, str(exc), inconclusive=True), []
         except RuntimeError as exc:
             why = f"{memory_note} while running the notebook's cells; " if oom_kills() else ""
             return _not_graded(tests, f"not graded: {why}{exc}"), []
@@ -870,20 +972,36 @@ def grade_notebook(submitted: dict, source: dict, *, inputs: str | None = None, 
             given = set(namespace)
             for name in _student_names(submitted) - given:
                 namespace[name] = StudentRef(name)
+            cpu0 = client.cpu_seconds()
             for c in tests:
                 m = _meta(c)
                 gid, points = m["grade_id"], float(m.get("points", 0))
+                used = client.cpu_seconds()
+                if cpu0 is not None and used is not None and used - cpu0 > budget:
+                    verdicts[gid] = CellVerdict(gid, False, 0.0, points, f"not graded: the submission's processes "
+                                                f"used the notebook's budget of {budget:g} CPU-seconds")
+                    continue
                 if time.monotonic() > deadline:
-                    verdicts[gid] = CellVerdict(gid, False, 0.0, points,
-                                                f"not graded: the notebook's time budget ({budget:g} s) ran out")
+                    why = (f"{NOT_DECIDED} (the machine's time for this notebook, {budget * backstop_factor:g} s, ran "
+                           f"out before this cell)")
+                    verdicts[gid] = CellVerdict(gid, False, 0.0, points, why, inconclusive=why)
                     continue
                 visible, hidden = _split_hidden(_src(c))
                 killed = oom_kills()
+                undecided = len(client.inconclusive)
                 ok_v, msg_v = _exec_test(visible, namespace, f"<test {gid}>")
                 ok, msg = ok_v, msg_v
                 if ok_v and hidden is not None:
                     ok, msg_h = _exec_test(hidden, namespace, f"<test {gid}>")
                     msg = msg_h if not ok else msg_v
+                if not ok and (len(client.inconclusive) > undecided
+                               or msg.partition(":")[0].endswith("InconclusiveRun")):
+                    # a run of this cell could not be decided: its failure is the machine's, not a verdict
+                    why = client.inconclusive[-1] if len(client.inconclusive) > undecided else msg
+                    verdicts[gid] = CellVerdict(gid, False, 0.0, points, f"{NOT_DECIDED}. {why[:1500]}",
+                                                ok_v or None,
+                                                inconclusive=why[:1500])
+                    continue
                 if not ok and oom_kills() > killed:
                     msg = f"{memory_note}: the submission's processes were killed during this check. {msg}"
                 note = None

@@ -25,7 +25,9 @@ so the runner's deadlock detection still sees an idle rank.
 
 from __future__ import annotations
 
+import ctypes
 import json
+import mmap
 import os
 import pickle
 import sys
@@ -127,6 +129,29 @@ def call_site(skip_files=()) -> str:
     return "(not called from your code)"
 
 
+def p2p_site() -> dict:
+    """Where the student's code posted the current send or receive, for the journal: `where` (as call_site
+    names it), `line` (that line's source) and `caller` (the next frame of the student's code outwards, if any),
+    so that a deadlock's report can quote the line that posted an op without a partner."""
+    import linecache
+
+    from autograder.runtime.report import describe_location, is_student_file
+
+    found = []
+    frame = sys._getframe(1)
+    while frame is not None and len(found) < 2:
+        code = frame.f_code
+        if is_student_file(code.co_filename):
+            found.append((code.co_filename, frame.f_lineno, getattr(code, "co_qualname", code.co_name)))
+        frame = frame.f_back
+    if not found:
+        return {"where": "(not called from your code)", "line": "", "caller": ""}
+    filename, lineno, name = found[0]
+    return {"where": describe_location(filename, lineno, name),
+            "line": linecache.getline(filename, lineno).strip(),
+            "caller": describe_location(*found[1]) if len(found) > 1 else ""}
+
+
 def _first_tensor(value):
     if isinstance(value, torch.Tensor):
         return value
@@ -170,7 +195,7 @@ def _describe(fp: dict) -> str:
 class CollectiveAgreement(TorchDispatchMode):
     """The check described in the module docstring; `store` is the run's rendezvous store."""
 
-    def __init__(self, store, rank: int, journal: str | None = None):
+    def __init__(self, store, rank: int, journal: str | None = None, progress: str | None = None):
         super().__init__()
         self.store = store
         self.rank = rank
@@ -178,8 +203,30 @@ class CollectiveAgreement(TorchDispatchMode):
         # the journal of this rank's sends and receives (a file, one JSON line each, written before the op
         # runs): the runner matches them across ranks when the ranks hang (autograder.runtime.dist)
         self._journal = os.open(journal, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if journal else None
+        # how many ops this rank has dispatched, in a file the runner maps too: a deadlocked rank's count stands
+        # still, a slow rank's moves (autograder.runtime.dist._DeadlockWatch)
+        # (and, second, whether it is inside a communication op right now: c10d's or a functional collective's)
+        self._count = self._in_comm = None
+        if progress:
+            with open(progress, "wb") as f:
+                f.write(bytes(16))
+            with open(progress, "r+b") as f:
+                self._map = mmap.mmap(f.fileno(), 16)
+            self._count = ctypes.c_uint64.from_buffer(self._map)
+            self._in_comm = ctypes.c_uint64.from_buffer(self._map, 8)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self._count is not None:
+            self._count.value += 1
+            if func.namespace in ("c10d", "_c10d_functional"):
+                self._in_comm.value = 1
+                try:
+                    return self._dispatch(func, args, kwargs)
+                finally:
+                    self._in_comm.value = 0
+        return self._dispatch(func, args, kwargs)
+
+    def _dispatch(self, func, args, kwargs):
         kwargs = kwargs or {}
         key = (func.namespace, func._schema.name.split("::")[-1])
         op = _OPS.get(key)
@@ -203,7 +250,7 @@ class CollectiveAgreement(TorchDispatchMode):
         record = {"op": op, "peer": peer, "tag": int(by_name.get("tag", 0) or 0),
                   "shape": list(tensor.shape) if tensor is not None else [],
                   "dtype": str(tensor.dtype).replace("torch.", "") if tensor is not None else "",
-                  "where": call_site()}
+                  **p2p_site()}
         try:
             os.write(self._journal, (json.dumps(record) + "\n").encode())
         except OSError:

@@ -12,8 +12,15 @@ Whatever happens in the ranks, the caller gets either the list of per-rank
 return values or one `DistributedError` that names every failed rank with its
 traceback, exit signal, or (on a deadlock) where it was blocked: the chain of
 the student's frames, outermost first, and the sends and receives that had no
-partner (from each rank's journal of point-to-point ops). The timeout counts
-from when every rank has started (a spawned rank imports torch: seconds);
+partner (from each rank's journal of point-to-point ops).
+
+Verdicts do not depend on the machine's load. A failure needs evidence: an
+exception, a crash, a rank that used its budget of `timeout` CPU-seconds (CPU
+time, not the clock: a busy machine slows a rank without spending its budget),
+or a deadlock shown by the ranks' stacks (every live rank waiting on its peers
+at the same place at two looks, with no progress in between). A run that
+shows none of these before a generous wall-clock backstop, or whose ranks do
+not start, raises `InconclusiveRun`: not a verdict, retried by the grader.
 `AUTOGRADER_START_METHOD=spawn` forces the macOS path on Linux. No rank process
 outlives the call, and nothing a rank prints reaches the caller's stderr
 (nbgrader scores a cell with any stderr output 0): rank output is captured to
@@ -40,8 +47,8 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
-__all__ = ["run_distributed", "DistributedError", "RankFailure", "default_start_method", "rank_device",
-           "set_executor"]
+__all__ = ["run_distributed", "DistributedError", "InconclusiveRun", "RankFailure", "default_start_method",
+           "rank_device", "set_executor", "wall_backstop"]
 
 # Where run_distributed runs its ranks: here (None), or, for the trusted grader, in a
 # submission's sandboxed process (autograder.grading.trusted.ZygoteClient).
@@ -55,20 +62,23 @@ def set_executor(executor) -> None:
 
 # How long the survivors get to report their own error after the first rank fails.
 _GRACE_AFTER_FAILURE_S = 1.5
-# A deadlock: every live rank blocked, none using the CPU, for this long.
+# A deadlock is looked for after this long with no progress, and confirmed after as long again (_DeadlockWatch).
 DEADLOCK_IDLE_S = 2.0
 # How long the ranks get to start (a spawned rank imports torch: seconds each, more on a loaded machine) before
-# the run's own timeout starts: every rank has then reached the rendezvous.
+# the run's budget starts: every rank has then reached the rendezvous. Past it the run is inconclusive.
 STARTUP_TIMEOUT_S = 120.0
-# How long a rank gets to write its stack after SIGUSR1.
-_STACK_DUMP_WAIT_S = 0.5
+# How long a rank gets to write its stack after SIGUSR1 (a rank that gets little CPU writes late).
+_STACK_DUMP_WAIT_S = 10.0
+# How long gloo and the rendezvous store wait on their own before raising in a rank: never, in practice. The
+# supervisor decides (on evidence), and a wall-clock limit inside a rank would convict a slow run.
+_TRANSPORT_WAIT_S = 7 * 24 * 3600.0
 # Characters of each rank's captured output quoted in an error.
 _OUTPUT_TAIL_CHARS = 3000
 
 
 @dataclass
 class RankFailure:
-    """One failed rank. `kind`: "exception", "crash", "timeout" (a deadlock or a slow run),
+    """One failed rank. `kind`: "exception", "crash", "timeout" (a deadlock, or its CPU budget used),
     "killed-after-peer-failure" (still running when another rank failed)."""
 
     rank: int
@@ -109,7 +119,7 @@ class RankFailure:
             head = {
                 "exception": f"rank {self.rank} raised an exception",
                 "crash": f"rank {self.rank} died: {self.detail.partition(chr(10))[0]}",
-                "timeout": f"rank {self.rank} did not finish in time; its Python stack:",
+                "timeout": f"rank {self.rank} did not finish (deadlocked, or out of CPU budget); its Python stack:",
                 "killed-after-peer-failure": f"rank {self.rank} was still running when another rank failed; "
                                              f"its Python stack:",
             }[self.kind]
@@ -134,6 +144,18 @@ def _full() -> bool:
     from autograder.runtime.report import internals_shown
 
     return internals_shown()
+
+
+class InconclusiveRun(RuntimeError):
+    """The run could not be judged: it did not start, or it neither finished, failed, used its CPU budget nor
+    showed a deadlock before the wall-clock backstop (a machine too busy to tell slow from stuck). Not a
+    verdict on the code: graders retry it, and record it as "needs regrade" if it stays inconclusive."""
+
+    def __init__(self, summary: str, failures: list | None = None):
+        self.summary = summary
+        self.failures = list(failures or [])
+        where = _describe_all(self.failures) if self.failures else ""
+        super().__init__(summary + (f"\n\nWhere each rank was when it was stopped:\n\n{where}" if where else ""))
 
 
 class DistributedError(RuntimeError):
@@ -329,13 +351,13 @@ def _rank_main(payload, rank: int, world_size: int, workdir: str, backend: str, 
         store = dist.FileStore(os.path.join(workdir, "store"), world_size)
         # Start-up (a spawned rank imports torch: seconds) has its own limit: every rank waits here until
         # all have arrived, so that the process group's rendezvous and the run's timeout start together.
-        store.set_timeout(datetime.timedelta(seconds=startup_timeout + 5.0))  # the parent's limit fires first
+        store.set_timeout(datetime.timedelta(seconds=_TRANSPORT_WAIT_S))  # the parent decides, never the clock
         store.set(_ARRIVED.format(rank=rank), b"1")
         store.wait([_ARRIVED.format(rank=r) for r in range(world_size)])
         finished = False
         dist.init_process_group(
             backend, store=store, rank=rank, world_size=world_size,
-            timeout=datetime.timedelta(seconds=timeout + 5.0),
+            timeout=datetime.timedelta(seconds=_TRANSPORT_WAIT_S),  # the supervisor decides (on evidence)
         )
         try:
             # Every rank is connected before any runs the program: a rank that
@@ -351,7 +373,8 @@ def _rank_main(payload, rank: int, world_size: int, workdir: str, backend: str, 
                 # a mismatch raises a clear error on the spot instead of aborting the
                 # rank or returning wrong numbers (spec 6). Its journal of sends and receives
                 # tells the parent which ones had no partner when the ranks hang.
-                agreement = CollectiveAgreement(store, rank, journal=os.path.join(workdir, f"rank{rank}.p2p"))
+                agreement = CollectiveAgreement(store, rank, journal=os.path.join(workdir, f"rank{rank}.p2p"),
+                                                progress=os.path.join(workdir, f"rank{rank}.progress"))
                 with agreement:
                     result = fn(rank, world_size, *args)  # the rank program
                 agreement.finish()
@@ -361,7 +384,7 @@ def _rank_main(payload, rank: int, world_size: int, workdir: str, backend: str, 
             # No rank may close its connections while a peer is still using them
             # (a fast rank exiting early makes a slow one fail with "Connection
             # closed by peer"): wait until every rank has returned.
-            _wait_for_all_ranks_to_finish(store, world_size, timeout)
+            _wait_for_all_ranks_to_finish(store, world_size)
             finished = True
         finally:
             # After every rank returned, gloo's connections close with the process (os._exit below):
@@ -425,21 +448,19 @@ class _PeerFailed(Exception):
     pass
 
 
-def _wait_for_all_ranks_to_finish(store, world_size: int, timeout: float) -> None:
+def _wait_for_all_ranks_to_finish(store, world_size: int) -> None:
     """Wait (idle: from 1 ms up to 20 ms between looks) until every rank has returned from its rank program.
 
     Raises _PeerFailed as soon as another rank reports a failure, so that this
-    rank stops at once instead of waiting for the parent to kill it.
+    rank stops at once instead of waiting for the parent to kill it. No clock:
+    the supervisor ends a run that never finishes (autograder.runtime.dist._supervise).
     """
     done = [_DONE.format(rank=r) for r in range(world_size)]
     failed = [_FAILED.format(rank=r) for r in range(world_size)]
-    deadline = time.monotonic() + timeout + 5.0
     pause = 0.001
     while not store.check(done):
         if any(store.check([k]) for k in failed):
             raise _PeerFailed()
-        if time.monotonic() > deadline:
-            raise TimeoutError("the other ranks did not finish their rank programs")
         time.sleep(pause)
         pause = min(pause * 1.5, 0.02)
 
@@ -579,12 +600,13 @@ def run_distributed(fn, world_size: int, *, args: tuple = (), timeout: float = 2
     """Run `fn(rank, world_size, *args)` in `world_size` processes; return their results.
 
     The default process group is initialised in every rank (`backend`, a fresh
-    FileStore rendezvous per call). `timeout` (seconds) bounds the rank programs,
-    counted from when every rank has started (reached the rendezvous): past it
-    every rank's Python stack is collected and all ranks are killed. Starting
-    the ranks (a spawned rank's interpreter and `import torch`) has its own
-    limit, `STARTUP_TIMEOUT_S`, and an error that says so.
-    Raises `DistributedError` when any rank raises, crashes or hangs.
+    FileStore rendezvous per call). `timeout` is each rank's budget in CPU-seconds,
+    counted from when every rank has started (reached the rendezvous): a rank that
+    uses it all is stopped with every rank's Python stack (an endless loop). A
+    deadlock is convicted on the ranks' stacks (see the module docstring).
+    Raises `DistributedError` when any rank raises, crashes, hangs or uses its
+    budget; `InconclusiveRun` when the ranks do not start within `STARTUP_TIMEOUT_S`
+    or the run reaches `wall_backstop(timeout)` wall-clock seconds undecided.
     With `show_output=True` each rank's stdout/stderr is printed (to stdout) afterwards.
     `start_method` is "fork" or "spawn"; by default fork on a Linux CPU, spawn elsewhere.
     `check_collectives` fingerprints each collective across ranks (TORCH_DISTRIBUTED_DEBUG=DETAIL)
@@ -651,20 +673,8 @@ def run_distributed(fn, world_size: int, *, args: tuple = (), timeout: float = 2
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _running(pid: int) -> bool:
-    """Whether any thread of the process is runnable (state R): computing, or waiting only for a CPU."""
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "R":
-                    return True
-    except (OSError, IndexError):
-        return False
-    return False
-
-
 def _cpu_seconds(pid: int) -> float | None:
-    """CPU time (user + system) a process has used so far; None where it cannot be read."""
+    """CPU time (user + system, every thread) a process has used so far; None where it cannot be read."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
@@ -692,76 +702,241 @@ except (ValueError, OSError, AttributeError):  # pragma: no cover
     _CLK_TCK = 100
 
 
-class _IdleWatch:
-    """Tells a deadlock from a slow run: every live rank blocked, none using the CPU, for `window` seconds.
+def _progress(workdir: str, rank: int) -> tuple[int, bool] | None:
+    """(how many torch ops the rank has dispatched so far, whether it is inside a communication op now), as
+    autograder.runtime.agreement counts them; None where the rank keeps no count (check_collectives=False)."""
+    try:
+        with open(os.path.join(workdir, f"rank{rank}.progress"), "rb") as f:
+            data = f.read(16)
+    except OSError:
+        return None
+    if len(data) != 16:
+        return None
+    return int.from_bytes(data[:8], sys.byteorder), bool(int.from_bytes(data[8:], sys.byteorder))
 
-    A rank waiting in a collective, a P2P receive or the runner's final wait
-    sleeps in the kernel; a rank that computes, however slowly, uses the CPU.
-    Less than `busy` CPU-seconds per second across all live ranks counts as
-    idle, and only while no thread of theirs stays runnable (two looks in a
-    row): on a loaded machine a rank that waits for a CPU is slow, not
-    deadlocked; a thread that wakes for an instant is neither.
+
+def _stack_tail(workdir: str, rank: int, offset: int) -> str:
+    """What a rank's stack file holds past `offset` (the dump written after the last SIGUSR1)."""
+    try:
+        with open(os.path.join(workdir, f"rank{rank}.stack"), "rb") as f:
+            f.seek(offset)
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _stack_size(workdir: str, rank: int) -> int:
+    try:
+        return os.path.getsize(os.path.join(workdir, f"rank{rank}.stack"))
+    except OSError:
+        return 0
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the autograder package
+
+
+def _waiting_in_communication(stack: str, in_comm: bool = False) -> str | None:
+    """Where a faulthandler dump shows a rank waiting on its peers, or None if it shows something else.
+
+    Waiting on peers means: the innermost Python frame is in torch.distributed (a collective, a send or
+    receive, a barrier), in the collective agreement's wait for the other ranks' next collective, a
+    `.wait()` on a request (Work.wait has no Python frame of its own), or the runner's wait for the other
+    ranks to return. (A function of the course's own package whose name starts with `_wait` waits on peers:
+    the agreement's `_wait_for`, the checks' waits for the group's splits.)
+    """
+    frames = _stack_frames(stack)
+    if not frames:
+        return None
+    file, line, name = frames[0]
+    if in_comm and file.startswith(_PACKAGE + os.sep) and name == "__torch_dispatch__":
+        return f"dispatch:{file}:{line}"  # a communication op blocking under the course's dispatch modes
+    if file.startswith(_PACKAGE + os.sep) and name == "wait":
+        return f"wait:{file}:{line}"  # the course's wrappers of Work.wait (the ledgers)
+    if file == __file__ and name == "_wait_for_all_ranks_to_finish":
+        return "returned"
+    if "torch" + os.sep + "distributed" + os.sep in file:
+        return f"{name}:{line}"
+    if file.startswith(_PACKAGE + os.sep) and name.startswith("_wait"):
+        return f"course:{name}"  # the collective agreement's, or a check's, idle wait for the other ranks
+    if re.search(r"\.wait\(", linecache.getline(file, line)):
+        return f"wait:{file}:{line}"
+    return None
+
+
+class _DeadlockWatch:
+    """Convicts a deadlock on evidence only, never on time or idleness alone (issue 28).
+
+    A run is a deadlock when, at two looks `window` seconds apart, every live rank's Python stack shows it
+    waiting on its peers (a torch.distributed call, the collective agreement's wait, a request's `.wait()`,
+    or the runner's final wait) at the same place, and in between none of them made progress: no torch op
+    dispatched (the agreement's counter) and no more CPU than waiting costs. A rank that computes, however
+    slowly, moves its counter or its CPU time or its stack; a rank that waits for a CPU on a loaded machine
+    is slow, and eventually moves. Looks are paid only after `window` seconds of quiet.
+
+    States: "quiet" (measuring), "dump1"/"dump2" (a stack dump asked for, waiting for it to be written: a
+    rank that gets little CPU writes it late, and is waited for), "confirm" (the second window).
     """
 
-    def __init__(self, procs, window: float = DEADLOCK_IDLE_S, busy: float = 0.05, sample: float = 0.25):
-        self.procs, self.window, self.busy, self.sample = procs, window, busy, sample
-        self.history: list[tuple[float, float]] = []  # (time, total CPU seconds of the live ranks)
+    def __init__(self, procs, workdir: str, window: float = DEADLOCK_IDLE_S, busy: float = 0.05,
+                 sample: float = 0.25):
+        self.procs, self.workdir, self.window, self.busy, self.sample = procs, workdir, window, busy, sample
         self.next_sample = 0.0
-        self.live: frozenset = frozenset()
-        self.runnable = 0  # consecutive looks at which some thread of a live rank was runnable
+        self.unwritten = 0  # dumps that never came (a rank too starved, or without faulthandler)
+        self.evidence: dict[int, str] = {}  # rank -> its last dump, once convicted
+        self._reset(frozenset())
+
+    def _reset(self, live) -> None:
+        self.state, self.live, self.since, self.cpu0, self.prog0 = "quiet", frozenset(live), None, None, None
+        self.places: dict[int, str] = {}
+        self.offsets: dict[int, int] = {}
+
+    def _measure(self):
+        cpu, prog = 0.0, {}
+        for rank in self.live:
+            t = _cpu_seconds(self.procs[rank].pid)
+            if t is None:
+                return None, None
+            cpu += t
+            prog[rank] = _progress(self.workdir, rank)
+        return cpu, prog
+
+    def _quiet_since_start(self, now, cpu, prog) -> bool:
+        return (cpu - self.cpu0) < self.busy * max(now - self.since, self.sample) + 2.0 / _CLK_TCK \
+            and prog == self.prog0
+
+    def _ask_stacks(self, now) -> None:
+        self.offsets = {r: _stack_size(self.workdir, r) for r in self.live}
+        for rank in self.live:
+            try:
+                os.kill(self.procs[rank].pid, signal.SIGUSR1)
+            except (ProcessLookupError, OSError):
+                pass
+        self.asked = now
+
+    def _read_stacks(self, now):
+        """{rank: dump} once every live rank wrote one; None while waiting; {} when they never came."""
+        dumps = {r: _stack_tail(self.workdir, r, self.offsets[r]) for r in self.live}
+        if all(d.endswith("\n") and "File " in d for d in dumps.values()):
+            time.sleep(0.02)  # the last lines of a dump
+            return {r: _stack_tail(self.workdir, r, self.offsets[r]) for r in self.live}
+        if now - self.asked > _STACK_DUMP_WAIT_S:
+            self.unwritten += 1
+            return {}
+        return None
 
     def deadlocked(self, now: float, live: set[int]) -> bool:
         if now < self.next_sample:
             return False
         self.next_sample = now + self.sample
-        if frozenset(live) != self.live:  # a rank finished: start a new window
+        if frozenset(live) != self.live:  # a rank finished: start again
+            self._reset(live)
+        if self.state in ("dump1", "dump2"):
+            dumps = self._read_stacks(now)
+            if dumps is None:
+                return False
+            comm = {r: (_progress(self.workdir, r) or (0, False))[1] for r in dumps}
+            places = {r: _waiting_in_communication(d, comm[r]) for r, d in dumps.items()}
+            if not dumps or any(p is None for p in places.values()) or all(p == "returned" for p in places.values()):
+                self._reset(live)
+                return False
+            if self.state == "dump1":
+                self.places, self.state = places, "confirm"
+                self.since, (self.cpu0, self.prog0) = now, self._measure()
+                return False
+            if places == self.places:
+                self.evidence = dumps
+                return True
+            self._reset(live)
+            return False
+        cpu, prog = self._measure()
+        if cpu is None:
+            return False  # cannot tell: the wall-clock backstop ends it, as inconclusive
+        if self.since is None:
+            self.since, self.cpu0, self.prog0 = now, cpu, prog
+            return False
+        if not self._quiet_since_start(now, cpu, prog):
+            self._reset(live)
+            self.since, self.cpu0, self.prog0 = now, cpu, prog
+            return False
+        if now - self.since >= self.window:
+            self._ask_stacks(now)
+            self.state = "dump1" if self.state == "quiet" else "dump2"
+        return False
+
+
+class _Settled:
+    """After a rank failed: are the survivors just waiting (no CPU for a short window)? Then they are stopped
+    at once instead of after the grace period. Not a verdict: the failed rank is the finding."""
+
+    def __init__(self, procs, window: float = 0.3):
+        self.procs, self.window, self.history, self.live = procs, window, [], frozenset()
+
+    def quiet(self, now: float, live: set[int]) -> bool:
+        if frozenset(live) != self.live:
             self.live, self.history = frozenset(live), []
         total = 0.0
         for rank in live:
             t = _cpu_seconds(self.procs[rank].pid)
             if t is None:
-                return False  # cannot tell: rely on the timeout
-            total += t
-        if any(_running(self.procs[rank].pid) for rank in live):
-            self.runnable += 1
-            if self.runnable >= 2:
-                # runnable at two looks in a row: computing, or waiting for a CPU: start a new window
-                self.history = []
                 return False
-        else:
-            self.runnable = 0  # a thread that woke for an instant (a timer, gloo's housekeeping) is not work
+            total += t
         self.history.append((now, total))
         while len(self.history) > 1 and now - self.history[1][0] >= self.window:
             self.history.pop(0)
         t0, c0 = self.history[0]
-        return now - t0 >= self.window and (total - c0) < self.busy * (now - t0)
+        return now - t0 >= self.window and total - c0 < 0.05 * (now - t0) + 1.0 / _CLK_TCK
+
+
+def wall_backstop(timeout: float) -> float:
+    """Wall-clock seconds after which a run that has neither finished, failed, used its CPU budget nor shown
+    a deadlock is given up as inconclusive (the machine too busy to tell): never a verdict.
+    `AUTOGRADER_BACKSTOP_S` in the environment sets it (seconds; the grader passes it to the sandbox)."""
+    given = os.environ.get("AUTOGRADER_BACKSTOP_S", "").strip()
+    if given:
+        try:
+            return max(0.1, float(given))
+        except ValueError:
+            pass
+    return max(10.0 * timeout, timeout + 60.0)
 
 
 def _supervise(procs: list[_RankProcess], workdir: str, timeout: float, show_output: bool,
                startup_timeout: float = STARTUP_TIMEOUT_S, started: dict | None = None) -> list:
     """Wait for the ranks: first until every one has reached the rendezvous (`startup_timeout`), then for
-    their programs (`timeout`, and the deadlock watch). `started["seconds"]`: how long the start took."""
+    their programs. A verdict needs evidence: an exception, a crash, a rank that used `timeout` CPU-seconds,
+    or a deadlock shown by the ranks' stacks (_DeadlockWatch). A run that reaches none of these within the
+    wall-clock backstop (or does not start) is inconclusive: InconclusiveRun, never a failure.
+    `started["seconds"]`: how long the start took."""
     world_size = len(procs)
     launched = time.monotonic()
-    start = None  # when every rank had reached the rendezvous: the run's timeout starts there
-    deadline = launched + startup_timeout
+    start = None  # when every rank had reached the rendezvous: the budgets start there
+    backstop = None
     ready = [os.path.join(workdir, f"rank{r}.ready") for r in range(world_size)]
     first_failure_at = None
     pending = set(range(world_size))
     failed: set[int] = set()
-    idle = _IdleWatch(procs)
-    settled = _IdleWatch(procs, window=0.3, sample=0.1)  # after a failure: are the others just waiting?
-    deadlock = False
+    watch = _DeadlockWatch(procs, workdir)
+    settled = _Settled(procs)  # after a failure: are the others just waiting?
+    deadlock, inconclusive = False, None
+    over_budget: list[int] = []
+    cpu0: dict[int, float] = {}
+    next_budget_look = 0.0
     poll_s = 0.002
     while pending:
         now = time.monotonic()
         if start is None and all(os.path.exists(p) for p in ready):
             start = now
-            deadline = start + timeout
+            backstop = start + wall_backstop(timeout)
+            cpu0 = {r: _cpu_seconds(procs[r].pid) or 0.0 for r in range(world_size)}
             if started is not None:
                 started["seconds"] = start - launched
-        limit = deadline if first_failure_at is None else min(deadline, first_failure_at + _GRACE_AFTER_FAILURE_S)
-        if now >= limit:
+        if first_failure_at is not None and now >= first_failure_at + _GRACE_AFTER_FAILURE_S:
+            break
+        if first_failure_at is None and start is None and now >= launched + startup_timeout:
+            inconclusive = "start"
+            break
+        if first_failure_at is None and start is not None and now >= backstop:
+            inconclusive = "backstop"
             break
         for rank in sorted(pending):
             code = procs[rank].exitcode
@@ -772,34 +947,48 @@ def _supervise(procs: list[_RankProcess], workdir: str, timeout: float, show_out
                 failed.add(rank)
                 if first_failure_at is None:
                     first_failure_at = time.monotonic()
-        # while the ranks start (imports, the rendezvous) only the start-up limit applies
-        if pending and start is not None and first_failure_at is None and idle.deadlocked(now, pending):
-            deadlock = True
-            break
-        if pending and first_failure_at is not None and settled.deadlocked(now, pending):
+        if pending and start is not None and first_failure_at is None:
+            if now >= next_budget_look:  # the budget: CPU-seconds per rank, the same on a busy machine
+                next_budget_look = now + 0.25
+                over_budget = [r for r in sorted(pending)
+                               if (_cpu_seconds(procs[r].pid) or 0.0) - cpu0.get(r, 0.0) >= timeout]
+                if over_budget:
+                    break
+            if watch.deadlocked(now, pending):
+                deadlock = True
+                break
+        if pending and first_failure_at is not None and settled.quiet(now, pending):
             break  # the survivors are blocked waiting for the failed rank: no need to wait out the grace
         if pending:
             time.sleep(poll_s)
             poll_s = min(poll_s * 1.5, 0.02)
 
     stuck = sorted(pending)
+    stacks: dict[int, str] = dict(watch.evidence) if deadlock else {}
+    cpu_used = {r: max(0.0, c - cpu0.get(r, 0.0)) for r in stuck
+                if (c := _cpu_seconds(procs[r].pid)) is not None} if start is not None else {}
     if stuck:
-        # Ask the stuck ranks for their Python stacks, then kill them.
-        for rank in stuck:
-            try:
-                os.kill(procs[rank].pid, signal.SIGUSR1)
-            except (ProcessLookupError, OSError):
-                pass
-        # faulthandler writes from its signal handler, even in a rank blocked in C++
-        stack_deadline = time.monotonic() + _STACK_DUMP_WAIT_S
-        while time.monotonic() < stack_deadline and not all(
-                os.path.getsize(os.path.join(workdir, f"rank{r}.stack")) > 0 for r in stuck):
-            time.sleep(0.01)
-        time.sleep(0.02)  # let the last lines land
+        if not deadlock:
+            # Ask the stuck ranks for their Python stacks (faulthandler writes from its signal handler, even in a
+            # rank blocked in C++; a rank that gets little CPU writes late: waited for, within a bound), then kill.
+            offsets = {r: _stack_size(workdir, r) for r in stuck}
+            for rank in stuck:
+                try:
+                    os.kill(procs[rank].pid, signal.SIGUSR1)
+                except (ProcessLookupError, OSError):
+                    pass
+            wait = _STACK_DUMP_WAIT_S if first_failure_at is None and start is not None else 0.5
+            stack_deadline = time.monotonic() + wait
+            while time.monotonic() < stack_deadline and not all(
+                    _stack_size(workdir, r) > offsets[r] for r in stuck):
+                time.sleep(0.01)
+            time.sleep(0.02)  # let the last lines land
+            stacks = {r: _stack_tail(workdir, r, offsets[r]) for r in stuck}
         for rank in stuck:
             procs[rank].kill()
         for rank in stuck:
             procs[rank].join(timeout=5)
+
 
     def log(rank):
         return os.path.join(workdir, f"rank{rank}.log")
@@ -842,13 +1031,13 @@ def _supervise(procs: list[_RankProcess], workdir: str, timeout: float, show_out
                                             frames=record["frames"], stub=record.get("stub", "")))
             else:
                 detail = _describe_exit(procs[rank].exitcode)
-                stack = _read(os.path.join(workdir, f"rank{rank}.stack")).strip()
+                stack = _last_dump(_read(os.path.join(workdir, f"rank{rank}.stack"))).strip()
                 if stack:
                     detail += "\n" + _filter_stack(stack)
                 failures.append(RankFailure(rank, "crash", detail, _read_tail(log(rank))))
         elif rank in stuck:
             kind = "timeout" if first_failure_at is None else "killed-after-peer-failure"
-            stack = _read(os.path.join(workdir, f"rank{rank}.stack")).strip() or "(no stack was written)"
+            stack = stacks.get(rank, "").strip() or "(no stack was written)"
             failures.append(RankFailure(rank, kind, _filter_stack(stack), _read_tail(log(rank))))
 
     # Root causes first (an exception or a crash that is not a consequence of a
@@ -861,22 +1050,31 @@ def _supervise(procs: list[_RankProcess], workdir: str, timeout: float, show_out
 
     failures.sort(key=lambda f: (order(f), f.rank))
     names = ", ".join(str(r) for r in sorted(f.rank for f in failures))
-    if start is None and first_failure_at is None:
-        late = ", ".join(str(r) for r in range(world_size) if not os.path.exists(ready[r]))
-        summary = (f"run_distributed: the ranks did not all start within the start-up limit of "
-                   f"{startup_timeout:g} s (each rank's interpreter, `import torch`, the rendezvous; the run's own "
-                   f"timeout of {timeout:g} s had not begun): rank(s) {late} had not reached the rendezvous "
-                   f"(world size {world_size}). Is the machine overloaded? Each rank's stack is below; every rank "
-                   f"was stopped.")
-    elif deadlock:
-        waited = time.monotonic() - start
-        summary = (f"run_distributed: deadlock: after {waited:.1f} s every rank still running ({names}) was "
-                   f"blocked and none had used the CPU for {DEADLOCK_IDLE_S:g} s (world size {world_size}). "
-                   f"Where each rank was waiting is below; every rank was stopped.")
+    if inconclusive is not None:
+        if inconclusive == "start":
+            late = ", ".join(str(r) for r in range(world_size) if not os.path.exists(ready[r]))
+            what = (f"the ranks did not all start within {startup_timeout:g} s (each rank's interpreter, "
+                    f"`import torch`, the rendezvous; your code had not begun): rank(s) {late} had not reached "
+                    f"the rendezvous")
+        else:
+            used = ", ".join(f"rank {r}: {cpu_used[r]:.1f}" for r in stuck if r in cpu_used)
+            what = (f"after {time.monotonic() - start:.0f} s the ranks {names} had neither finished nor failed, "
+                    f"nor used their budget of {timeout:g} CPU-seconds each, nor shown a deadlock (every rank "
+                    f"waiting on its peers, twice, with no progress)" + (f"; CPU-seconds used: {used}" if used else ""))
+        raise InconclusiveRun(
+            f"run_distributed: inconclusive (world size {world_size}): {what}. The machine is too busy to tell a "
+            f"slow run from a hang: this is not a verdict on your code. Run it again when the machine is less "
+            f"loaded.", failures)
+    if deadlock:
+        summary = (f"run_distributed: deadlock: every rank still running ({names}) was waiting on its peers at "
+                   f"the same place at two looks {DEADLOCK_IDLE_S:g} s apart, and none made progress in between "
+                   f"(world size {world_size}). Where each rank was waiting is below; every rank was stopped.")
     elif first_failure_at is None:
-        summary = (f"run_distributed: timed out after {timeout:g} s with rank(s) {names} still running "
-                   f"(world size {world_size}; the time counts from when every rank had started). A deadlock, or "
-                   f"a very slow rank? Each rank's stack is below; every rank was stopped.")
+        busy = ", ".join(str(r) for r in over_budget)
+        summary = (f"run_distributed: rank(s) {busy} computed for {timeout:g} CPU-seconds without finishing (the "
+                   f"run's budget; a correct solution needs a small part of it, on a busy machine too: the budget "
+                   f"counts CPU time, not the clock) (world size {world_size}). An endless loop? Each rank's stack "
+                   f"is below; every rank was stopped.")
     else:
         summary = f"run_distributed: rank(s) {names} failed (world size {world_size})."
     if stuck or any(f.kind == "crash" for f in failures):
@@ -886,6 +1084,12 @@ def _supervise(procs: list[_RankProcess], workdir: str, timeout: float, show_out
     if show_output:
         _print_outputs(workdir, world_size)
     raise DistributedError(summary, failures)
+
+
+def _last_dump(text: str) -> str:
+    """The last faulthandler dump in a rank's stack file (a crash's, after any dumps asked for earlier)."""
+    at = text.rfind("Fatal Python error")
+    return text[at:] if at >= 0 else text
 
 
 def _read_journal(path: str) -> list[dict]:
@@ -908,61 +1112,123 @@ def _p2p_what(rec: dict) -> str:
 
 def _unmatched_p2p(workdir: str, world_size: int) -> str:
     """The sends and receives that had no partner when the ranks stopped, and matched pairs whose tensors
-    differ: from each rank's journal, the k-th send from a to b (same tag) pairs with b's k-th receive from a."""
+    differ: from each rank's journal, the k-th send from a to b (same tag) pairs with b's k-th receive from a.
+
+    Per rank, in the order it posted them (one op repeated on one channel from one line is one entry:
+    `sends #1-#4 to rank 3`); then, where a rank sent to a peer that waits for someone else, that pairing
+    (one of the two names the wrong peer); then each line of the student's code that posted one, quoted.
+    """
     sends: dict[tuple, list] = {}
     recvs: dict[tuple, list] = {}
     for rank in range(world_size):
-        for rec in _read_journal(os.path.join(workdir, f"rank{rank}.p2p")):
+        for seq, rec in enumerate(_read_journal(os.path.join(workdir, f"rank{rank}.p2p"))):
             peer = rec.get("peer")
             if not isinstance(peer, int):
                 continue  # a receive from any source: no channel to match it on
+            rec = dict(rec, seq=seq)
             if rec["op"] == "send":
                 sends.setdefault((rank, peer, rec.get("tag", 0)), []).append(rec)
             else:
                 recvs.setdefault((peer, rank, rec.get("tag", 0)), []).append(rec)
-    lines = []  # (the rank that posted it, order, text)
+    differ = []  # (rank, seq, text)
+    lone = []  # (rank, seq, op, peer, number, record, partner)
     for key in sorted(set(sends) | set(recvs)):
         src, dst, _ = key
         s, r = sends.get(key, []), recvs.get(key, [])
         for a, b in zip(s, r):
             if (a.get("shape"), a.get("dtype")) != (b.get("shape"), b.get("dtype")):
-                lines.append((src, 0, f"  rank {src} sends {_p2p_what(a)} to rank {dst} (at {a.get('where')}), "
-                                      f"but rank {dst} receives {_p2p_what(b)} from rank {src} (at {b.get('where')})"))
+                differ.append((src, a["seq"], f"  rank {src} sends {_p2p_what(a)} to rank {dst} (at {a.get('where')}), "
+                                              f"but rank {dst} receives {_p2p_what(b)} from rank {src} "
+                                              f"(at {b.get('where')})"))
         for i, a in enumerate(s[len(r):], len(r) + 1):
             partner = f"rank {dst} never receives from rank {src}" if not r else \
                 f"rank {dst} posted only {len(r)} receive(s) from rank {src}"
-            lines.append((src, 1, f"  rank {src}: send #{i} to rank {dst} ({_p2p_what(a)}) at {a.get('where')}: "
-                                  f"{partner}"))
+            lone.append((src, a["seq"], "send", dst, i, a, partner))
         for i, b in enumerate(r[len(s):], len(s) + 1):
             partner = f"rank {src} never sends to rank {dst}" if not s else \
                 f"rank {src} posted only {len(s)} send(s) to rank {dst}"
-            lines.append((dst, 1, f"  rank {dst}: receive #{i} from rank {src} ({_p2p_what(b)}) at "
-                                  f"{b.get('where')}: {partner}"))
-    if not lines:
+            lone.append((dst, b["seq"], "recv", src, i, b, partner))
+    if not differ and not lone:
         return ""
-    text = [t for _, _, t in sorted(lines, key=lambda x: (x[0], x[1]))]
-    return ("Sends and receives without a partner when the ranks stopped (global ranks; the k-th send from a "
-            "to b pairs with b's k-th receive from a):\n" + "\n".join(text[:12])
-            + (f"\n  ... and {len(text) - 12} more" if len(text) > 12 else ""))
+    lone.sort(key=lambda x: (x[0], x[1]))
+    runs: list[list] = []  # the lone ops of one rank on one channel from one line, numbered in a row: one entry
+    open_runs: dict[tuple, list] = {}
+    for item in lone:
+        rank, _, op, peer, number, rec, partner = item
+        key = (rank, op, peer, partner, rec.get("tag"), str(rec.get("shape")), rec.get("dtype"), rec.get("where"))
+        run = open_runs.get(key)
+        if run is not None and run[-1][4] + 1 == number:
+            run.append(item)
+        else:
+            open_runs[key] = [item]
+            runs.append(open_runs[key])
+    lines = [t for _, _, t in sorted(differ)]
+    for run in runs:
+        rank, _, op, peer, first, rec, partner = run[0]
+        last = run[-1][4]
+        if op == "send":
+            what = f"send #{first} to" if len(run) == 1 else f"sends #{first}-#{last} to"
+        else:
+            what = f"receive #{first} from" if len(run) == 1 else f"receives #{first}-#{last} from"
+        lines.append(f"  rank {rank}: {what} rank {peer} ({_p2p_what(rec)}) at {rec.get('where')}: {partner}")
+    shown = lines[:16]
+    if len(lines) > 16:
+        shown.append(f"  ... and {len(lines) - 16} more")
+    # a send that went to a rank which waits for another sender: the likely wrong peer, either side
+    crossed, seen = [], set()
+    for rank, _, op, peer, _, rec, _ in lone:
+        if op != "send":
+            continue
+        for other in lone:
+            o_rank, _, o_op, o_peer, _, o_rec, _ = other
+            if o_op != "recv" or o_rank != peer or o_peer == rank or \
+                    (o_rec.get("tag"), o_rec.get("shape"), o_rec.get("dtype")) != \
+                    (rec.get("tag"), rec.get("shape"), rec.get("dtype")):
+                continue
+            pair = (rec.get("where"), o_rec.get("where"))
+            if pair not in seen and len(crossed) < 3:
+                seen.add(pair)
+                where = (f"the send (at {rec.get('where')}) or the receive (at {o_rec.get('where')})"
+                         if pair[0] != pair[1] else f"the send or the receive (both at {pair[0]})")
+                crossed.append(f"  rank {rank} sends to rank {peer}, which waits to receive from rank {o_peer} instead "
+                               f"({_p2p_what(rec)} on both sides): {where} names the wrong peer")
+            break
+    quoted, where_seen = [], set()
+    for _, _, _, _, _, rec, _ in sorted(lone, key=lambda x: (x[2] != "send", x[0], x[1])):
+        where = rec.get("where")
+        if not rec.get("line") or where in where_seen:
+            continue
+        where_seen.add(where)
+        caller = f" (called from {rec['caller']})" if rec.get("caller") else ""
+        quoted.append(f"  {where}{caller}\n    {rec['line']}")
+    text = ("Sends and receives without a partner when the ranks stopped (global ranks; the k-th send from a "
+            "to b pairs with b's k-th receive from a):\n" + "\n".join(shown + crossed))
+    if quoted:
+        text += "\nThe lines of your code that posted them (sends first):\n" + "\n".join(quoted[:6])
+    return text
 
 
 _RUNNER_MARK = "  (rank started by autograder.runtime.dist.run_distributed)"
 
 
 def _stack_frames(stack: str) -> list[tuple[str, int, str]]:
-    """(file, line, function) of the current thread's frames in a faulthandler dump, innermost first."""
-    frames, current = [], None
+    """(file, line, function) of the current thread's frames in a faulthandler dump, innermost first.
+
+    The current thread is the one that took the signal (the main thread, as Linux delivers it there first);
+    if the dump marks none (a signal taken by a thread without Python), the main thread: listed last."""
+    blocks, frames, current = [], None, False
     for line in stack.splitlines():
         if line.startswith(("Current thread", "Thread ")):
-            if current is not None and frames:
-                break
-            current = line.startswith("Current thread")
-            frames = [] if current else frames
+            frames = []
+            blocks.append((line.startswith("Current thread"), frames))
             continue
         m = re.match(r'\s*File "(.*)", line (\d+) in (.*)$', line)
-        if m and current:
+        if m and frames is not None:
             frames.append((m.group(1), int(m.group(2)), m.group(3).strip()))
-    return frames
+    for current, frames in blocks:
+        if current:
+            return frames
+    return blocks[-1][1] if blocks else []
 
 
 def _blocked_at(stack: str) -> str:
