@@ -274,15 +274,21 @@ def _outputs_failed(cell) -> bool:
     return any(o.get("output_type") == "error" for o in cell.get("outputs", []))
 
 
+MAX_VERDICT_CHARS = 20_000  # of one verdict's message in the feedback (a student's exception text can be long)
+
+
 def _verdict_outputs(v) -> list:
     if getattr(v, "inconclusive", None):  # not a verdict: said as such, never as an error of the student's code
         return [{"output_type": "stream", "name": "stdout", "text": v.message + "\n"}]
+    message = v.message or ""
+    if len(message) > MAX_VERDICT_CHARS:
+        message = f"{message[:MAX_VERDICT_CHARS]}\n... [{len(message) - MAX_VERDICT_CHARS:,} more characters not shown]"
     if v.passed:
-        return [{"output_type": "stream", "name": "stdout", "text": (v.message or "passed") + "\n"}]
-    ename, _, evalue = v.message.partition(": ")
+        return [{"output_type": "stream", "name": "stdout", "text": (message or "passed") + "\n"}]
+    ename, _, evalue = message.partition(": ")
     ename = ename.rsplit(".", 1)[-1] if ename and " " not in ename else "Error"
-    return [{"output_type": "error", "ename": ename, "evalue": evalue or v.message,
-             "traceback": [f"{ename}: {evalue or v.message}"]}]
+    return [{"output_type": "error", "ename": ename, "evalue": evalue or message,
+             "traceback": [f"{ename}: {evalue or message}"]}]
 
 
 _PATHS = re.compile(r"/tmp/ipykernel_\d+/\d+\.py|/tmp/[A-Za-z0-9_.-]*autograder[A-Za-z0-9_.-]*(/[^\s\"'<>]*)?")
@@ -318,7 +324,9 @@ def grade_one(job: dict) -> dict:
         if not job.get("keep_work"):
             shutil.rmtree(work, ignore_errors=True)
     record["timings"]["total"] = round(time.monotonic() - t_start, 2)
-    return scrub_record(record, root, job["workbase"])
+    from autograder.grading.feedback import cap_record
+
+    return cap_record(scrub_record(record, root, job["workbase"]))
 
 
 def scrub_record(record: dict, *prefixes: str) -> dict:
@@ -379,9 +387,12 @@ def _grade_into(record: dict, job: dict, work: str) -> None:
     t0 = time.monotonic()
     saw = job.get("saw") or {}
     base = copy.deepcopy(notebook)
+    answer_errors = _answer_cell_errors(cell_errors)
     for cell in base["cells"]:
         meta = _meta(cell)
         gid = meta.get("grade_id")
+        if meta.get("solution") and cell.get("cell_type") == "code" and gid in answer_errors:
+            cell["outputs"] = [answer_errors[gid]]  # the answer cell's own error, as the notebook shows it
         if meta.get("grade") and not meta.get("solution") and gid in verdicts:
             cell["outputs"] = _verdict_outputs(verdicts[gid])
             if verdicts[gid].backend_note:
@@ -398,6 +409,13 @@ def _grade_into(record: dict, job: dict, work: str) -> None:
     record["needs_regrade"] = [c["grade_id"] for c in record["cells"] if c.get("inconclusive")]
     record["score"] = round(sum(c["points"] for c in record["cells"]), 4)
     record["max_score"] = round(sum(c["max_points"] for c in record["cells"]), 4) or record["max_score"]
+    from autograder.grading.trusted import cell_error_line
+
+    for err in cell_errors:  # a cell's error that lost points (a SyntaxError in an answer cell): in the table
+        line = cell_error_line(err)
+        lost = [c["grade_id"] for c in record["cells"] if not c["passed"] and c["message"].startswith(line)]
+        if lost:
+            record["warnings"].append(f"{', '.join(lost)}: {line}")
     if any(c["flagged"] for c in record["cells"]):
         record["warnings"].append("the outputs saved in the notebook and the trusted grader disagree on "
                                   + ", ".join(c["grade_id"] for c in record["cells"] if c["flagged"])
@@ -417,21 +435,47 @@ def _nbgrader_api(course: str):
     from nbgrader.apps import NbGraderAPI
     from traitlets.config.loader import PyFileConfigLoader
 
+    from autograder.grading.nbgrader_plugins import SafeFeedbackExporter
+
     config = PyFileConfigLoader("nbgrader_config.py", path=course).load_config()
+    # the feedback page with what the student wrote made inert, whatever the course's config says
+    config.GenerateFeedback.exporter_class = SafeFeedbackExporter
     config.CourseDirectory.root = course
     config.CourseDirectory.db_url = "sqlite:///" + os.path.join(course, "gradebook.db")
     logging.getLogger("traitlets").setLevel(logging.ERROR)
     return NbGraderAPI(config=config)
 
 
+_ANSWER_CELL = re.compile(r"^<answer cell (?:of .+ \(([^()]+)\)|(\S+))>$")
+
+
+def _answer_cell_errors(cell_errors: list) -> dict:
+    """grade id -> the error output an answer cell that failed in the trusted run shows in the feedback."""
+    from autograder.grading.trusted import cell_error_line
+
+    out = {}
+    for err in cell_errors:
+        found = _ANSWER_CELL.match(str(err.get("cell", "")))
+        if found:
+            ename = str(err.get("error", "")).split(":", 1)[0] or "Error"
+            line = cell_error_line(err)
+            out.setdefault(found.group(1) or found.group(2), {
+                "output_type": "error", "ename": ename, "evalue": line.partition(": ")[2], "traceback": [line]})
+    return out
+
+
 def _feedback(course: str, assignment: str, student: str, nb_name: str, nb: dict, record: dict) -> str | None:
-    """nbgrader's feedback HTML of `nb`, with the trusted scores in the scratch gradebook."""
+    """nbgrader's feedback HTML of `nb`, with the trusted scores in the scratch gradebook.
+
+    What the student wrote is made inert (nbgrader_plugins.SafeFeedbackExporter); the page is at most
+    MAX_FEEDBACK_CHARS: `feedback.fit_notebook` leaves out the largest of the student's outputs, then of
+    their cells, with a note where each was and one at the top (a warning of the record too); the page is
+    measured, and fitted again with less if the estimate fell short."""
     from nbgrader.api import Gradebook
 
-    out_dir = os.path.join(course, "autograded", student, assignment)
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, nb_name), "w", encoding="utf-8") as f:
-        json.dump(nb, f)
+    from autograder.grading.feedback import (MAX_FEEDBACK_CHARS, PAGE_CHARS, fit_notebook, left_out_note, megabytes,
+                                             page_chars, with_note)
+
     notebook_id = os.path.splitext(nb_name)[0]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # SQLAlchemy's "not in session" notes from nbgrader's own queries
@@ -443,7 +487,39 @@ def _feedback(course: str, assignment: str, student: str, nb_name: str, nb: dict
                 grade.auto_score = c["points"]
                 grade.needs_manual_grade = False
             gb.db.commit()
-    result = _nbgrader_api(course).generate_feedback(assignment, student, force=True)
+    keep = {i for i, c in enumerate(nb["cells"]) if _meta(c).get("grade") and not _meta(c).get("solution")}
+    released: set = set()
+    with contextlib.suppress(OSError, ValueError), \
+            open(os.path.join(course, "release", assignment, nb_name), encoding="utf-8") as f:
+        released = {"".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+                    for c in json.load(f)["cells"]}
+    budget = MAX_FEEDBACK_CHARS - PAGE_CHARS
+    for attempt in range(3):
+        fitted, left = fit_notebook(nb, budget, keep=keep, released=released)
+        note = left_out_note(left)
+        html = _render_feedback(course, assignment, student, nb_name, with_note(fitted, note) if note else fitted,
+                                record)
+        size = page_chars(html) if html is not None else 0
+        if html is None or size <= MAX_FEEDBACK_CHARS:
+            if html is not None and note:
+                record["warnings"].append(note)
+            return html
+        # the estimate fell short (text that escapes to much more HTML, thousands of small cells): less, then none
+        budget = int(budget * MAX_FEEDBACK_CHARS / size * 0.8) if attempt == 0 else 0
+    record["warnings"].append(f"no feedback page: without the notebook's own outputs and cells it is still over "
+                              f"{megabytes(MAX_FEEDBACK_CHARS)}")
+    return None
+
+
+def _render_feedback(course: str, assignment: str, student: str, nb_name: str, nb: dict, record: dict) -> str | None:
+    out_dir = os.path.join(course, "autograded", student, assignment)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, nb_name), "w", encoding="utf-8") as f:
+        json.dump(nb, f)
+    notebook_id = os.path.splitext(nb_name)[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nbconvert's notes on an output it does not show (JavaScript), on cell ids
+        result = _nbgrader_api(course).generate_feedback(assignment, student, force=True)
     path = os.path.join(course, "feedback", student, assignment, notebook_id + ".html")
     if not result.get("success") or not os.path.exists(path):
         record["warnings"].append("nbgrader could not write the feedback: "
