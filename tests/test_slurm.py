@@ -6,14 +6,20 @@ The test starts its own cluster from Debian's packages (munge, slurmctld,
 slurmd; `apt-get install munge slurmctld slurmd slurm-client`), configured
 for this machine in a temporary folder (slurm.conf, a munge key, state,
 spool and logs, free ports on 127.0.0.1), and stops it afterwards: nothing
-is left running. On a scratch course (tests/grading_course.py) with a good,
-an untouched, a wrong and a broken submission, it runs the README's two
-commands as they are written there: `cluster/slurm-autograde.sbatch`,
-unmodified, as an array of 2 tasks, and the README's `merge` as a job that
-depends on it. The gradebook must equal the one a single `autograde` of the
-same class writes. Without Slurm (or not as root: slurmd launches jobs as
-root here) the test is skipped with the reason; CI sets COURSE_REQUIRE_SLURM=1
-(.ci/run installs the packages), where a missing cluster is a failure.
+is left running. In a fresh copy of a scratch course (tests/grading_course.py:
+its committed files only, as a clone has them: no gradebook.db, nothing
+graded) with a good, a wrong, an untouched and a broken submission, it runs
+the README's Slurm lines as they are written there: `sinfo` (the node's sizes),
+`cluster/slurm-autograde.sbatch`, unmodified, as an array of 2 tasks (once
+with more CPUs than the node has: `squeue` says PartitionConfig), and the
+README's `merge` as a job that depends on it. The first task makes the
+gradebook; each task's log names the one file it wrote; the gradebook must
+equal the one a single `autograde` of the same class writes. Without Slurm
+(or not as root: slurmd launches jobs as root here) that test is skipped with
+the reason; CI sets COURSE_REQUIRE_SLURM=1 (.ci/run installs the packages),
+where a missing cluster is a failure. The other tests need no cluster: the
+round-robin split, the `--shard` forms, `merge` on a fresh clone (the
+gradebook made whole, or not at all).
 """
 
 from __future__ import annotations
@@ -279,8 +285,9 @@ def _book(root: str) -> dict:
     return out
 
 
-STUDENTS = {"ana": "good", "ben": "untouched", "cleo": "wrong", "dev": "broken"}
-EXPECTED = {"ana": 12.0, "ben": 0.0, "cleo": 6.0, "dev": 0.0}
+# round-robin over the sorted names, 2 tasks: ana and cleo | ben and dev (a full grading, good or wrong, in each)
+STUDENTS = {"ana": "good", "ben": "wrong", "cleo": "untouched", "dev": "broken"}
+EXPECTED = {"ana": 12.0, "ben": 6.0, "cleo": 0.0, "dev": 0.0}
 
 
 @pytest.fixture(scope="module")
@@ -291,8 +298,8 @@ def course(built, tmp_path_factory):
     os.symlink(os.path.dirname(VENV_BIN), os.path.join(root, ".venv"))
     ref = reference(root)
     write_submission(root, "ana", ref)
-    write_submission(root, "ben", release(root))
-    write_submission(root, "cleo", edit(ref, "tp_mappings", lambda s: s.replace(*WRONG)))
+    write_submission(root, "ben", edit(ref, "tp_mappings", lambda s: s.replace(*WRONG)))
+    write_submission(root, "cleo", release(root))
     write_submission(root, "dev", '{"cells": [ truncated upload')
     for i, student in enumerate(STUDENTS):  # what nbgrader collect writes beside each notebook
         with open(os.path.join(root, "submitted", student, A, "timestamp.txt"), "w") as f:
@@ -442,7 +449,6 @@ def test_the_readme_slurm_commands_grade_a_fresh_clone_as_an_array_and_merge_giv
         with open(os.path.join(course, named[0])) as fh:
             bundle = json.load(fh)
         assert bundle["shard"] == [i, n], "the file the log names is this task's shard file"
-        # round-robin over the sorted class: ana, cleo | ben, dev
         assert sorted(r["student"] for r in bundle["records"]) == shard_of(list(STUDENTS), i, n) \
             == sorted(STUDENTS)[i - 1::n]
         assert "Gradebook: gradebook.db" not in text, text
