@@ -64,6 +64,8 @@ c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, HideTestTraceba
 # An LMS download: `nbgrader zip_collect ASSIGNMENT` collects a Canvas "Download Submissions" zip put in
 # downloaded/ASSIGNMENT/archive/ into submitted/<login>/ASSIGNMENT/. Canvas names each file
 # <login>_[LATE_]<user id>_<submission id>_<the student's file name> (README, "For instructors"); the collector
-# keeps the LATE marker (downloaded/ASSIGNMENT/canvas-late.json) for `export --csv`.
+# keeps the LATE marker (downloaded/ASSIGNMENT/canvas-late.json) for `export --csv`, and each student's Canvas user
+# id (downloaded/ASSIGNMENT/canvas-users.json) for `export --canvas`, Canvas's gradebook import.
 c.ZipCollectApp.collector_plugin = "autograder.grading.canvas.CanvasCollectorPlugin"
-c.FileNameCollectorPlugin.named_regexp = r".*/(?P<student_id>[a-z0-9]+)_(?P<late>LATE_)?\d+_\d+_(?P<file_id>[^/]+)$"
+c.FileNameCollectorPlugin.named_regexp = (r".*/(?P<student_id>[a-z0-9]+)_(?P<late>LATE_)?(?P<canvas_user_id>\d+)_\d+_"
+                                          r"(?P<file_id>[^/]+)$")

@@ -126,13 +126,15 @@ def run_grade(root: str, *args: str, timeout: float = 1800, preexec_fn=None) -> 
 
 
 def records(root: str) -> dict[str, dict]:
+    """The students' records, graded/<assignment>/<student>.json (the shard files are in its shards/)."""
     folder = os.path.join(root, "graded", A)
     out = {}
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-        if name.endswith(".json") and not name.startswith("shard-"):
+        if name.endswith(".json"):
             with open(os.path.join(folder, name), encoding="utf-8") as f:
                 rec = json.load(f)
-            out[rec["student"]] = rec
+            if "records" not in rec:  # a shard file of an older version (beside the records): not a record
+                out[rec["student"]] = rec
     return out
 
 

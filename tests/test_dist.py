@@ -183,10 +183,51 @@ def test_a_send_to_the_wrong_peer_names_the_sends_and_receives_without_a_partner
     assert "in _send_next: rank 2 never receives from rank 0" in first
     assert "rank 1: receive #1 from rank 0 ([2, 3] float32, tag 0)" in first and "rank 0 never sends to rank 1" in first
     assert "rank 2: receive #1 from rank 1" in first and "rank 1 never sends to rank 2" in first
+    # the send that reached a rank waiting for another sender, and the line that posted it, quoted
+    assert "rank 0 sends to rank 2, which waits to receive from rank 1 instead ([2, 3] float32, tag 0 on both " \
+           "sides): the send (at test_dist.py:" in first and "in _send_next) or the receive" in first
+    assert "The lines of your code that posted them (sends first):\n  test_dist.py:" in first and \
+        "in _send_next (called from test_dist.py:" in first and \
+        "    return dist.isend(t, (r - 1) % w)  # the bug: the previous rank, not the next" in first
     # each blocked rank's chain of frames, outermost first: the stage, then the helper and its receive
     chain = msg[msg.index("ranks 1, 2: each was blocked in recv (torch.distributed), called from your code"):]
     assert chain.index("in _wrong_peer_stage") < chain.index("x = _recv_prev((2, 3))") \
         < chain.index("in _recv_prev") < chain.index("dist.recv(buf, (r - 1) % w)"), chain
+
+
+def test_the_unmatched_section_merges_repeats_per_rank_and_quotes_the_lines_that_posted_them(tmp_path):
+    """A ring of 4 whose ranks send to and receive from the same neighbour, twice each (interleaved, as
+    batch_isend_irecv posts them): one entry per rank and direction, the send that reached a rank waiting for
+    another sender, and the line that posted them, quoted once (from the journals alone: no ranks run)."""
+    import json
+
+    from autograder.runtime.dist import _unmatched_p2p
+
+    for r in range(4):
+        with open(tmp_path / f"rank{r}.p2p", "w") as f:
+            for _ in range(2):
+                for op in ("send", "recv"):
+                    f.write(json.dumps({"op": op, "peer": (r + 1) % 4, "tag": 0, "shape": [2, 3], "dtype": "float64",
+                                        "where": "Cell In[8], line 16, in ring_send_recv",
+                                        "line": "return dist.batch_isend_irecv(ops), received",
+                                        "caller": "Cell In[8], line 37, in ring_attention_forward"}) + "\n")
+    text = _unmatched_p2p(str(tmp_path), 4)
+    lines = text.splitlines()
+    assert lines[0].startswith("Sends and receives without a partner when the ranks stopped")
+    for r in range(4):
+        n = (r + 1) % 4
+        assert f"  rank {r}: sends #1-#2 to rank {n} ([2, 3] float64, tag 0) at Cell In[8], line 16, in " \
+               f"ring_send_recv: rank {n} never receives from rank {r}" in lines, text
+        assert f"  rank {r}: receives #1-#2 from rank {n} ([2, 3] float64, tag 0) at Cell In[8], line 16, in " \
+               f"ring_send_recv: rank {n} never sends to rank {r}" in lines, text
+    assert "  rank 0 sends to rank 1, which waits to receive from rank 2 instead ([2, 3] float64, tag 0 on both " \
+           "sides): the send or the receive (both at Cell In[8], line 16, in ring_send_recv) names the wrong peer" \
+        in lines, text
+    assert lines[-3:] == ["The lines of your code that posted them (sends first):",
+                          "  Cell In[8], line 16, in ring_send_recv (called from Cell In[8], line 37, in "
+                          "ring_attention_forward)",
+                          "    return dist.batch_isend_irecv(ops), received"], text
+    assert "" not in lines  # one paragraph: the summary's first part, before the ranks' stacks
 
 
 def _recv_next(shape):

@@ -99,7 +99,8 @@ def test_the_readme_table_of_what_each_number_of_gpus_runs_is_the_notebooks():
     for n, run in rows.items():
         p = plan(ROOT, int(n))
         assert int(run) == p["run"], (n, p)
-        assert re.search(rf"^ *\| {n}(?: or more)? \| {p['run']}\D[^|]*\| {p['whole']} \| {p['cut']}\b", text, re.M), (n, p)
+        row = rf"^ *\| {n}(?: or more)? \| {p['run']}\D[^|]*\| {p['whole']} \| {p['cut']}\b"
+        assert re.search(row, text, re.M), (n, p)
     p = plan(ROOT, 1)
     assert p["run"] == 0 and p["whole"] == 0
     assert f"notebooks' {p['cells']} test cells ({p['calls']} NCCL check calls in the {p['cells'] - p['none']} cells" \

@@ -5,13 +5,20 @@
 On a scratch course whose assignment 02 is cut to two graded cells
 (tests/grading_course.py), as an instructor runs it:
 - three shards (`--shard i/3 --jobs 1`: one submission at a time each) run as separate processes at
-  once, merged, give every student's scores; merging again changes nothing;
+  once, merged, give every student's scores; merging again changes nothing (a student is named like a
+  shard file: shard-2-of-3);
 - `autograde --jobs 2` gives the same scores, cell by cell, and the same gradebook;
 - a second run grades nothing again; a changed notebook is the only one regraded;
-- notebooks that cannot be graded get a named reason, and everyone else is graded;
+- notebooks that cannot be graded get a named reason, and everyone else is graded; so do student folders
+  whose name cannot name files (250 characters, a terminal escape), in every later run too;
 - Gradescope's results.json per submission: the format, the scores, no hidden test; the CSV of one
-  assignment, with the students' submission times and lateness, written where asked, nothing left untracked;
+  assignment, with the students' submission times and lateness, written where asked, nothing left untracked
+  (the Gradescope autograder itself, its zip set up and run as Gradescope does: tests/test_gradescope.py);
 - a Canvas download collected with `nbgrader zip_collect` is graded, its LATE marker kept in the CSV;
+- grades back to the LMS: Canvas's gradebook import (Canvas's header exactly; a roster in Canvas's export format
+  kept with the assignment's column filled; students missing from it named; a needs-regrade score blank, never a
+  number; named by the Canvas user ids of a download without a roster), and the plain CSV with the names and
+  emails of nbgrader's gradebook;
 - a second command waits for nobody: it says who holds the course's lock.
 """
 
@@ -44,6 +51,7 @@ def course(tmp_path_factory):
     write_submission(root, "bob", release(root))
     write_submission(root, "carol", edit(ref, "tp_mappings", lambda s: s.replace(*WRONG)))
     write_submission(root, "dave", ref, name="tensor_parallel_lab-Copy1.ipynb")
+    write_submission(root, SHARD_NAMED, ref)  # named like the grader's file of shard 2 of 3
     for student, when in STAMPS.items():  # what nbgrader collect writes beside the notebook
         with open(os.path.join(root, "submitted", student, A, "timestamp.txt"), "w") as f:
             f.write(f"{when}.000000 UTC")
@@ -54,6 +62,7 @@ def course(tmp_path_factory):
 
 
 STAMPS = {"alice": "2026-01-15 09:30:00", "carol": "2026-01-25 18:00:00"}  # bob and dave: no timestamp.txt
+SHARD_NAMED = "shard-2-of-3"  # a student: once, their record overwrote shard 2's file in the merge
 
 
 def _untracked(root: str) -> list[str]:
@@ -82,7 +91,7 @@ def sequential(course):
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in (1, 2, 3)]
     outs = [p.communicate(timeout=1800)[0] for p in shards]
     assert all(p.returncode == 0 for p in shards), "\n".join(o[-2000:] for o in outs)
-    files = [os.path.join(course, "graded", A, f"shard-{i}-of-3.json") for i in (1, 2, 3)]
+    files = [os.path.join(course, "graded", A, "shards", f"shard-{i}-of-3.json") for i in (1, 2, 3)]
     run = {"shard_students": sorted(r["student"] for f in files for r in json.load(open(f))["records"]),
            "book_before_merge": gradebook(course)}
     proc = run_grade(course, "merge", *files)
@@ -100,29 +109,30 @@ def test_parallel_grading_gives_the_sequential_scores_and_regrades_only_changes(
     assert _scores(seq_records) == {"alice": {"test_copy_to_region": 6.0, "test_reduce_from_region": 6.0},
                                     "bob": {"test_copy_to_region": 0.0, "test_reduce_from_region": 0.0},
                                     "carol": {"test_copy_to_region": 0.0, "test_reduce_from_region": 6.0},
-                                    "dave": {"test_copy_to_region": 6.0, "test_reduce_from_region": 6.0}}
+                                    "dave": {"test_copy_to_region": 6.0, "test_reduce_from_region": 6.0},
+                                    SHARD_NAMED: {"test_copy_to_region": 6.0, "test_reduce_from_region": 6.0}}
     proc = run_grade(course, "autograde", A, "--jobs", "2", "--quiet")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert _scores(records(course)) == _scores(seq_records)
     assert gradebook(course) == seq_book
-    assert "4 graded" in proc.stdout
+    assert "5 graded" in proc.stdout
     # a warning, graded (the table wraps its notes at the terminal's width)
     assert "graded tensor_parallel_lab-Copy1.ipynb as tensor_parallel_lab.ipynb" in " ".join(proc.stdout.split())
     # the command prints its own lines only: nothing a check, a worked example or a student's kernel printed
     for stray in (": passed", "ipython kernel", "To connect another client"):
         assert stray not in proc.stdout + proc.stderr, f"{stray!r} in the command's output:\n{proc.stdout[-3000:]}"
-    for student in ("alice", "bob", "carol", "dave"):
+    for student in ("alice", "bob", "carol", "dave", SHARD_NAMED):
         html = open(os.path.join(course, "feedback", student, A, "tensor_parallel_lab.html"), encoding="utf-8").read()
         assert course not in html and "/tmp/" not in html, f"the feedback of {student} shows a path of this machine"
         # long message lines wrap at the page's edge (nbconvert's <pre> would cut them off there)
         assert "white-space: pre-wrap" in html and "div.output_subarea pre" in html, student
     # nothing changed: nothing is graded again
     proc = run_grade(course, "autograde", A, "--jobs", "2", "--quiet")
-    assert proc.returncode == 0 and "4 submission(s), 0 graded" in proc.stdout, proc.stdout[-2000:]
+    assert proc.returncode == 0 and "5 submission(s), 0 graded" in proc.stdout, proc.stdout[-2000:]
     # carol fixes her notebook: only hers is graded again
     write_submission(course, "carol", reference(course))
     proc = run_grade(course, "autograde", A, "--jobs", "2", "--quiet")
-    assert proc.returncode == 0 and "4 submission(s), 1 graded" in proc.stdout, proc.stdout[-2000:]
+    assert proc.returncode == 0 and "5 submission(s), 1 graded" in proc.stdout, proc.stdout[-2000:]
     assert gradebook(course)["carol"] == {"test_copy_to_region": 6.0, "test_reduce_from_region": 6.0}
     write_submission(course, "carol", edit(reference(course), "tp_mappings", lambda s: s.replace(*WRONG)))
 
@@ -130,7 +140,7 @@ def test_parallel_grading_gives_the_sequential_scores_and_regrades_only_changes(
 def test_three_shards_merged_give_the_single_run_and_merging_twice_changes_nothing(sequential):
     # every student in exactly one shard; no shard writes the gradebook; the merge gives the gradebook of a
     # single run (the parallel run above is held to it), and merging again changes nothing
-    assert sequential["shard_students"] == ["alice", "bob", "carol", "dave"]
+    assert sequential["shard_students"] == ["alice", "bob", "carol", "dave", SHARD_NAMED]
     assert sequential["book_before_merge"] == {}, "a shard must not write the gradebook"
     assert sequential["book"] == {s: {c: float(p) for c, p in cells.items()}
                                   for s, cells in _scores(sequential["records"]).items()}
@@ -147,29 +157,52 @@ def test_submissions_that_cannot_be_graded_get_a_reason_and_the_others_are_grade
         "heidi": lambda: write_submission(course, "heidi", _duplicate_cell(reference(course))),
         "ivan": lambda: os.makedirs(os.path.join(course, "submitted", "ivan", A), exist_ok=True),
     }
+    from autograder.grading.intake import shown_name
+
+    # folder names that cannot name a student's files: 250 characters (a folder can be named so, but not
+    # <name>.ipynb or <name>.json.tmp: Errno 36 failed the whole command, and every later run), a terminal escape
+    names = {"s" * 250: "the student folder name is 250 characters long (250 bytes in UTF-8; at most 128 bytes "
+                        "are graded: the records and feedback are named by it): rename the student's folder in "
+                        "submitted/ and grade again",
+             "eve\x1b[2J": "the student folder name eve\\x1b[2J has a character that cannot be printed "
+                           "('\\x1b' at position 4 of 7): rename the student's folder in submitted/ and grade again"}
     for make in bad.values():
         make()
+    for name in names:
+        write_submission(course, name, reference(course))
     try:
-        proc = run_grade(course, "autograde", A, "--jobs", "2", "--quiet")
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        recs = records(course)
-        reasons = {s: recs[s]["reason"] for s in bad}
-        assert "2 notebooks (a.ipynb, b.ipynb)" in reasons["erin"]
-        assert "is not a valid notebook" in reasons["frank"]
-        assert "assignment 01_data_parallel's notebook" in reasons["grace"]
-        assert "appear more than once" in reasons["heidi"]
-        assert "no notebook" in reasons["ivan"]
-        for s in bad:
-            assert recs[s]["score"] == 0 and recs[s]["status"] == "rejected"
-            assert f"NOT GRADED: {reasons[s][:40]}" in " ".join(proc.stdout.split())  # the table, wrapped
-        assert recs["alice"]["score"] == 12 and recs["alice"]["status"] == "graded"  # everyone else: graded
-        book = gradebook(course)
-        assert book["frank"] == {"test_copy_to_region": 0.0, "test_reduce_from_region": 0.0}  # in the gradebook too
+        for run in ("first", "later"):
+            proc = run_grade(course, "autograde", A, "--jobs", "2", "--quiet")
+            assert proc.returncode == 0, run + proc.stdout[-3000:] + proc.stderr[-3000:]
+            recs = records(course)
+            reasons = {s: recs[s]["reason"] for s in bad}
+            assert "2 notebooks (a.ipynb, b.ipynb)" in reasons["erin"]
+            assert "is not a valid notebook" in reasons["frank"]
+            assert "assignment 01_data_parallel's notebook" in reasons["grace"]
+            assert "appear more than once" in reasons["heidi"]
+            assert "no notebook" in reasons["ivan"]
+            table = " ".join(proc.stdout.split())
+            for s in bad:
+                assert recs[s]["score"] == 0 and recs[s]["status"] == "rejected"
+                assert f"NOT GRADED: {reasons[s][:40]}" in table  # the table, wrapped
+            for name, reason in names.items():  # the log line and the table, the name shown cut and escaped
+                shown = shown_name(name)
+                assert f"\u2717 {shown}: {reason}" in proc.stdout, run + proc.stdout[-3000:]
+                assert f"{shown} 0.0 / 12 NOT GRADED: {reason}" in table
+            assert "\x1b" not in proc.stdout, "a student's folder name wrote a terminal escape"
+            # no file is named by them, and no gradebook entry (the others: as always)
+            assert sorted(recs) == sorted(["alice", "bob", "carol", "dave", SHARD_NAMED, *bad]), sorted(recs)
+            assert not [n for n in os.listdir(os.path.join(course, "feedback")) if n in names]
+            assert recs["alice"]["score"] == 12 and recs["alice"]["status"] == "graded"  # everyone else: graded
+            book = gradebook(course)
+            assert book["frank"] == {"test_copy_to_region": 0.0, "test_reduce_from_region": 0.0}  # gradebook too
+            assert not set(names) & set(book)
     finally:
-        for s in bad:
-            import shutil
+        import shutil
 
+        for s in [*bad, *names]:
             shutil.rmtree(os.path.join(course, "submitted", s))
+        for s in bad:
             os.remove(os.path.join(course, "graded", A, f"{s}.json"))
 
 
@@ -230,6 +263,173 @@ def test_exports_gradescope_results_and_the_csv_of_one_assignment_where_the_inst
     assert "wrote exports/grades.csv:" in proc.stdout
     assert _untracked(course) == [], "files left in the course repository (not ignored by git)"
 
+
+# Canvas's gradebook import, as Canvas documents and parses it (lib/gradebook_importer.rb): these student
+# columns, in this order, then one column per assignment, "<name> (<Canvas assignment id>)"
+CANVAS_IMPORT_COLUMNS = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
+LMS_CSV_COLUMNS = ["student_id", "first_name", "last_name", "email", "score", "max_score", "late", "needs_regrade"]
+
+
+def _rows(path) -> list[list[str]]:
+    import csv
+
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.reader(f))
+
+
+@contextlib.contextmanager
+def _gradebook_as(course: str, *, students: dict | None = None, undecided: dict | None = None, duedate=None):
+    """The course's gradebook and records changed for one test, then put back as they were: students' fields
+    (nbgrader's Student table), cells "needs regrade (infrastructure)" as autograde records them (no score in the
+    gradebook, the record's `needs_regrade`), the assignment's due date."""
+    import shutil
+    import warnings
+
+    from nbgrader.api import Gradebook
+
+    db = os.path.join(course, "gradebook.db")
+    saved = {db: open(db, "rb").read()}
+    for student in undecided or {}:
+        path = os.path.join(course, "graded", A, f"{student}.json")
+        saved[path] = open(path, "rb").read()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with Gradebook("sqlite:///" + db) as gb:
+                for student, fields in (students or {}).items():
+                    gb.update_or_create_student(student, **fields)
+                for student, cells in (undecided or {}).items():
+                    for cell in cells:
+                        grade = gb.find_grade(cell, notebook_name(course)[:-6], A, student)
+                        grade.auto_score, grade.needs_manual_grade = None, True
+                    gb.db.commit()
+                if duedate:
+                    gb.update_or_create_assignment(A, duedate=duedate)
+        for student, cells in (undecided or {}).items():
+            path = os.path.join(course, "graded", A, f"{student}.json")
+            rec = json.loads(saved[path])
+            rec["needs_regrade"] = list(cells)
+            for c in rec["cells"]:
+                if c["grade_id"] in cells:
+                    c.update(points=0, passed=False, inconclusive=True)
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(rec, f)
+        yield
+    finally:
+        for path, data in saved.items():
+            with open(path + ".tmp", "wb") as f:
+                f.write(data)
+            shutil.move(path + ".tmp", path)
+
+
+def _graded(course: str) -> None:
+    """The class graded (incrementally: only what is not graded yet)."""
+    proc = run_grade(course, "autograde", A, "--jobs", "2", "--quiet")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def test_grades_go_back_to_canvas_as_its_gradebook_import_named_by_its_own_export(course, tmp_path):
+    """`export --canvas` with Canvas's gradebook export as the roster: Canvas's import header, the roster's Student,
+    ID, SIS and Section values kept, the assignment's column filled; a student missing from the roster named; a
+    score that needs regrade (infrastructure) left blank and named, never a number."""
+    _graded(course)
+    roster = tmp_path / "2026-02-01T1200_Grades-LLM_Parallelism.csv"  # Canvas: Grades > Export > Entire Gradebook
+    roster.write_text(
+        "\ufeffStudent,ID,SIS User ID,SIS Login ID,Section,01 Data parallel (11111),02 Tensor parallel (12345),"
+        "Current Points,Final Points,Current Score,Final Score\n"
+        "    Points Possible,,,,,100.00,12.00,(read only),(read only),(read only),(read only)\n"
+        '"Liddell, Alice",2001,S-0001,alice.l,Section 1,88.00,,88.00,88.00,88.00,88.00\n'  # by ID (lms_user_id)
+        '"Builder, Bob",2002,bob,b.builder,Section 2,,,0.00,0.00,0.00,0.00\n'  # by SIS User ID (nbgrader id)
+        '"Carroll, Carol",2003,S-0003,carol@uni.edu,Section 1,,,0.00,0.00,0.00,0.00\n'  # by SIS Login ID (email)
+        '"Zed, Zoe",2004,S-0004,zoe,Section 2,,,0.00,0.00,0.00,0.00\n'  # enrolled, no submission
+        '"Student, Test",2005,,,Section 1,,,0.00,0.00,0.00,0.00\n', encoding="utf-8")  # dave: not enrolled
+    out = os.path.join(course, "exports", "canvas-import.csv")
+    with _gradebook_as(course, students={"alice": {"lms_user_id": "2001"}, "carol": {"email": "carol@uni.edu"}},
+                       undecided={"carol": ["test_reduce_from_region"]}):
+        t0 = time.monotonic()
+        proc = run_grade(course, "export", A, "--canvas", "exports/canvas-import.csv", "--canvas-assignment-id",
+                         "12345", "--canvas-roster", str(roster))
+        took = time.monotonic() - t0
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        rows = _rows(out)
+        # without the Canvas assignment's id: a clear error, nothing written
+        os.remove(out)
+        missing_id = run_grade(course, "export", A, "--canvas", "exports/canvas-import.csv")
+    assert rows[0] == CANVAS_IMPORT_COLUMNS + ["02 Tensor parallel (12345)"], rows[0]  # Canvas's own column name
+    assert rows[1] == ["Points Possible", "", "", "", "", "12"]
+    by_id = {r[1]: r for r in rows[2:]}
+    assert by_id["2001"] == ["Liddell, Alice", "2001", "S-0001", "alice.l", "Section 1", "12"]
+    assert by_id["2002"] == ["Builder, Bob", "2002", "bob", "b.builder", "Section 2", "0"]
+    # carol's reduce cell was not decided: no score for her, a blank cell (not the 0 of her other cell)
+    assert by_id["2003"] == ["Carroll, Carol", "2003", "S-0003", "carol@uni.edu", "Section 1", ""]
+    assert set(by_id) == {"2001", "2002", "2003"}, "only students with a submission; the others Canvas keeps"
+    said = " ".join(proc.stdout.split())
+    assert "needs regrade (infrastructure), no score exported: 1 student(s), their score left blank: carol " \
+           "(test_reduce_from_region)" in said, said
+    assert "not exported, Canvas would not know them:" in said and "dave (not in the roster)" in said, said
+    assert "in the roster without a submission of 02_tensor_parallel (no row: Canvas keeps what it has): 2 " \
+           "student(s): Zed, Zoe; Student, Test" in said, said
+    assert missing_id.returncode != 0 and not os.path.exists(out)
+    assert "--canvas needs --canvas-assignment-id: the assignment's id in Canvas" in missing_id.stderr
+    assert _untracked(course) == [], "files left in the course repository (not ignored by git)"
+    print(f"\nexport --canvas with a roster: {took:.1f} s")
+
+
+def test_the_lms_csv_has_the_gradebook_s_names_and_emails_and_no_undecided_score(course):
+    """`export --lms-csv`: one row per student of the assignment, names and emails from nbgrader's gradebook
+    (its Student table, as `nbgrader db student import` fills it) where it has them, empty where not."""
+    import datetime
+
+    _graded(course)
+    alice = {"first_name": "Alice", "last_name": "Liddell", "email": "alice@uni.edu"}
+    with _gradebook_as(course, students={"alice": alice}, undecided={"dave": ["test_copy_to_region"]},
+                       duedate=datetime.datetime(2026, 1, 20, 23, 59)):
+        proc = run_grade(course, "export", A, "--lms-csv", "exports/grades-lms.csv")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = _rows(os.path.join(course, "exports", "grades-lms.csv"))
+    assert rows[0] == LMS_CSV_COLUMNS
+    by_student = {r[0]: r for r in rows[1:]}
+    assert by_student["alice"] == ["alice", "Alice", "Liddell", "alice@uni.edu", "12", "12", "no", ""]
+    assert by_student["bob"] == ["bob", "", "", "", "0", "12", "no", ""]
+    assert by_student["carol"] == ["carol", "", "", "", "6", "12", "yes", ""]  # submitted after the due date
+    assert by_student["dave"] == ["dave", "", "", "", "", "12", "no", "test_copy_to_region"]  # no score: blank
+    assert "wrote exports/grades-lms.csv:" in proc.stdout
+    assert "dave (test_copy_to_region)" in proc.stdout
+    assert _untracked(course) == [], "files left in the course repository (not ignored by git)"
+
+
+def test_a_canvas_export_that_cannot_be_right_is_refused_with_the_reason_before_anything_is_written(tmp_path):
+    """No Canvas import written from a roster that is not Canvas's gradebook export, for a Canvas assignment id
+    that is not a number or not in the roster (Canvas would make a new assignment of the column), or for two
+    assignments at once (an import column has one id). Checked before the gradebook is read: no course needed."""
+    from autograder.grading.exports import export
+
+    other_tool = tmp_path / "other.csv"
+    other_tool.write_text("Name,Email,Grade\nAlice,alice@uni.edu,12\n", encoding="utf-8")
+    canvas = tmp_path / "canvas.csv"
+    canvas.write_text("Student,ID,SIS User ID,SIS Login ID,Section,01 Data parallel (11111)\n"
+                      '"Liddell, Alice",2001,S-0001,alice,Section 1,88.00\n', encoding="utf-8")
+    out = tmp_path / "exports" / "import.csv"
+    cases = {
+        "is not Canvas's gradebook export: its first row starts Name, Email, Grade; Canvas's starts Student, ID, SIS "
+        "User ID, SIS Login ID, Section": ([A], dict(canvas_assignment_id="12345", canvas_roster=str(other_tool))),
+        "Canvas assignment 12345 is not a column of --canvas-roster": (
+            [A], dict(canvas_assignment_id="12345", canvas_roster=str(canvas))),
+        "--canvas-assignment-id 'tp-02': Canvas's assignment ids are numbers": (
+            [A], dict(canvas_assignment_id="tp-02")),
+        "--canvas needs --canvas-assignment-id": ([A], {}),
+        "--canvas writes one assignment's grades: name one assignment (not 2)": (
+            [A, "03_pipeline_parallel"], dict(canvas_assignment_id="12345")),
+    }
+    for message, (assignments, options) in cases.items():
+        with pytest.raises(SystemExit) as exc:
+            list(export(str(tmp_path), assignments, canvas=str(out), **options))
+        assert message in str(exc.value), (message, str(exc.value))
+        assert not out.exists()
+    with pytest.raises(SystemExit, match="--canvas-assignment-id and --canvas-roster go with --canvas FILE"):
+        list(export(str(tmp_path), [A], canvas_roster=str(canvas)))
+
+
 def test_a_canvas_download_is_collected_with_nbgrader_zip_collect_and_graded(course):
     """Canvas names each file <login>_<user id>_<submission id>_<the student's file name> (LATE_ after the login)."""
     archive = os.path.join(course, "downloaded", A, "archive")
@@ -255,6 +455,16 @@ def test_a_canvas_download_is_collected_with_nbgrader_zip_collect_and_graded(cou
     # Canvas gives no submission time: the timestamp stays empty (not the grading time), LATE is kept
     assert {s: (rows[s]["timestamp"], rows[s]["late"], float(rows[s]["score"])) for s in ("judy", "kim")} == {
         "judy": ("", "no", 12.0), "kim": ("", "yes", 0.0)}
+    # the grades go back: Canvas's user ids, read from its file names, name the students in its gradebook import
+    with open(os.path.join(course, "downloaded", A, "canvas-users.json"), encoding="utf-8") as f:
+        assert json.load(f) == {"judy": "123", "kim": "789"}
+    proc = run_grade(course, "export", A, "--canvas", "exports/canvas-import.csv", "--canvas-assignment-id", "777")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = _rows(os.path.join(course, "exports", "canvas-import.csv"))
+    assert rows[0] == CANVAS_IMPORT_COLUMNS + [f"{A} (777)"]
+    assert rows[1:] == [["Points Possible", "", "", "", "", "12"], ["judy", "123", "", "", "", "12"],
+                        ["kim", "789", "", "", "", "0"]]
+    assert "alice (no Canvas user id)" in proc.stdout  # collected otherwise: named, not exported
     assert _untracked(course) == [], "files left in the course repository (not ignored by git)"
 
 
@@ -266,39 +476,6 @@ def test_a_second_grading_command_is_told_who_holds_the_lock(course):
         proc = run_grade(course, "autograde", A, "--quiet")
     assert proc.returncode != 0 and time.monotonic() - t0 < 30
     assert "another grading command holds the course's lock (pid" in proc.stdout + proc.stderr
-
-
-def test_the_course_runs_as_a_gradescope_autograder(course, tmp_path):
-    """The zip Gradescope takes; its run_autograder's command on an upload; results.json per Gradescope's format."""
-    proc = run_grade(course, "gradescope-package", A, "--out", str(tmp_path))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    with zipfile.ZipFile(tmp_path / f"gradescope-{A}.zip") as z:
-        names = z.namelist()
-        z.extractall(tmp_path / "autograder" / "source")
-        run = z.read("run_autograder").decode()
-    assert {"setup.sh", "run_autograder"} <= set(names)
-    wheels = [n for n in names if n.startswith("wheels/") and n.endswith(".whl")]
-    assert len(wheels) == 1, names
-    with zipfile.ZipFile(tmp_path / "autograder" / "source" / wheels[0]) as whl:  # the whole package: it grades
-        assert {"autograder/grading/gradescope.py", "autograder/grading/trusted.py",
-                "autograder/runtime/dist.py", "autograder/checks/__init__.py"} <= set(whl.namelist())
-    assert not [n for n in names if n.startswith(("solutions/", "tests/"))]
-    assert f"-m autograder.grading.gradescope {A} --course /autograder/source" in run
-    # one upload (each is a fresh run of the package: ~15 s), partly right: neither every point nor none
-    upload = tmp_path / "autograder" / "submission"
-    upload.mkdir()
-    wrong = edit(reference(course), "tp_mappings", lambda s: s.replace(*WRONG))
-    (upload / "my_lab.ipynb").write_text(json.dumps(wrong))  # Gradescope keeps the student's file name
-    results = tmp_path / "results.json"
-    env = dict(__import__("grading_course").env(course), PYTHONPATH="")  # only the installed autograder
-    proc = subprocess.run([sys.executable, "-m", "autograder.grading.gradescope", A, "--course",
-                           str(tmp_path / "autograder" / "source"), "--submission", str(upload), "--results",
-                           str(results)], env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    data = json.loads(results.read_text())
-    assert data["score"] == 6 and len(data["tests"]) == 2
-    assert all(t["name"].startswith("Exercise 1 \u00b7 ") for t in data["tests"])
-    assert sorted(t["score"] for t in data["tests"]) == [0, 6], data["tests"]
 
 
 def _worker_of(student: str) -> int | None:
@@ -585,6 +762,8 @@ def test_an_undecided_check_is_graded_again_alone_then_needs_regrade_never_a_zer
     assert "NEEDS REGRADE (infrastructure): test_copy_to_region" in scores, scores
     html_text = open(os.path.join(root, rec["feedback"]), encoding="utf-8").read()
     assert "not graded yet: the grading machine was too busy" in html_text
-    # the next run grades it again (an unchanged submission is otherwise kept as it is)
-    table = autograde()
-    assert "unchanged since the last run" not in table and "grading them again, one at a time" in table, table
+    # the next run grades it again: the rule that keeps an unchanged submission's record does not keep this one
+    from autograder.grading.classrun import still_valid
+
+    assert not still_valid(rec, rec["hash"], rec["fingerprint"], None)
+    assert still_valid(dict(rec, needs_regrade=[]), rec["hash"], rec["fingerprint"], None)

@@ -236,15 +236,13 @@ def total(rank, world):
     dist.all_reduce(t)
     return t.item()
 
-def asleep_here(rank, world):
-    if rank == 1:
-        import time
-        time.sleep(60)
-    dist.barrier()
+def stuck_here(rank, world):
+    t = torch.zeros(1)
+    dist.recv(t, src=1 - rank)  # both ranks wait for the other: a deadlock, convicted on their stacks
 
 ranks = {'fork': run_distributed(total, 2), 'spawn': run_distributed(total, 2, start_method='spawn')}
 try:
-    run_distributed(asleep_here, 2, timeout=3)
+    run_distributed(stuck_here, 2, timeout=20)
     hung = 'no error'
 except DistributedError as exc:
     hung = str(exc)
@@ -273,7 +271,7 @@ def test_inside_the_seccomp_filter_refuses_the_named_calls_and_gloo_ranks_still_
         assert facts["i386_getpid"] in (0, 11), facts  # refused (0), or no 32-bit ABI in this kernel (SIGSEGV)
     ranks = json.loads(out.split("RANKS ", 1)[1].splitlines()[0])
     assert ranks["ranks"] == {"fork": [3.0, 3.0], "spawn": [3.0, 3.0]}, ranks
-    assert "asleep_here" in ranks["hung"], ranks["hung"]  # rank 1's stack, written on SIGUSR1
+    assert "deadlock" in ranks["hung"] and "stuck_here" in ranks["hung"], ranks["hung"]  # stacks, on SIGUSR1
 
 
 def test_the_filter_program_for_each_architecture():

@@ -345,11 +345,11 @@ def _merge(root: str, *files: str) -> subprocess.CompletedProcess:
 
 def _shard_file(root: str, students: list[str]) -> str:
     """A shard file as a task writes it, of students whose notebooks could not be read (no sandbox needed)."""
-    from autograder.grading.classrun import _rejected
+    from autograder.grading.classrun import _rejected, shard_path
 
     cells = [("test_copy_to_region", 6.0), ("test_reduce_from_region", 6.0)]
     recs = [_rejected(A, s, "no notebook", [], "0" * 16, "0" * 16, 12.0, cells) for s in students]
-    path = os.path.join(root, "graded", A, "shard-1-of-1.json")
+    path = shard_path(root, A, 1, 1)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         json.dump({"assignment": A, "shard": [1, 1], "records": recs}, f)
@@ -438,6 +438,9 @@ def test_the_readme_slurm_commands_grade_a_fresh_clone_as_an_array_and_merge_giv
     assert states == ["COMPLETED"] * n, f"the array:\n{cluster.describe(array_id)}\n" + _tails(logs + cluster.logs)
     states = cluster.wait_done(merge_id, 300)
     assert states == ["COMPLETED"], f"the merge:\n{cluster.describe(merge_id)}\n" + _tails(logs + cluster.logs)
+    for i in range(1, n + 1):
+        path = os.path.join(course, "graded", A, "shards", f"shard-{i}-of-{n}.json")
+        assert os.path.exists(path), f"shard {i} of {n}"
     # each task's log is where the script says, in the course root (ignored by git), and says what it wrote
     task_logs = [f for f in logs if re.search(rf"slurm-autograde-{array_id}_\d\.out$", f)]
     assert len(task_logs) == n, logs
@@ -449,6 +452,7 @@ def test_the_readme_slurm_commands_grade_a_fresh_clone_as_an_array_and_merge_giv
         with open(os.path.join(course, named[0])) as fh:
             bundle = json.load(fh)
         assert bundle["shard"] == [i, n], "the file the log names is this task's shard file"
+        assert named[0] == f"graded/{A}/shards/shard-{i}-of-{n}.json", named
         assert sorted(r["student"] for r in bundle["records"]) == shard_of(list(STUDENTS), i, n) \
             == sorted(STUDENTS)[i - 1::n]
         assert "Gradebook: gradebook.db" not in text, text

@@ -10,13 +10,19 @@ of it (`_render_traceback_`), which is what JupyterLab draws under the cell.
 - ranks that call different collectives: which rank called what, and the
   student's line that called it;
 - a missing backward collective: the missing collective first, then the wrong numbers;
-- a deadlock: reported in under 5 s with the line each rank is blocked on.
+- a deadlock: reported in under 5 s with the line each rank is blocked on; in
+  every test cell that deadlocks (03's send to the wrong peer: five cells), the
+  sends and receives without a partner, per rank, and the student's line that
+  posted the wrong send;
+- a course function refusing the student's argument in a picture cell: one line
+  that names the argument.
 No frame of the course's own code or of torch is shown, and a passing test
 prints one line.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 
@@ -28,7 +34,7 @@ from course import ROOT
 
 sys.path.insert(0, ROOT)
 from solutions import submissions  # noqa: E402
-from solutions.submissions import mutant  # noqa: E402
+from solutions.submissions import mutant, mutants_of  # noqa: E402
 
 
 def _meta(cell) -> dict:
@@ -71,6 +77,18 @@ def _shown(cell) -> str:
         elif out.output_type == "error":
             parts.append("\n".join(out.traceback))
     return "\n".join(parts)
+
+
+def _seconds(cell) -> float:
+    """How long the kernel took to run a cell (nbclient's timing in the cell's metadata)."""
+    from datetime import datetime
+
+    timing = cell.get("metadata", {}).get("execution", {})
+    start, end = timing.get("iopub.execute_input"), timing.get("shell.execute_reply")
+    if not start or not end:
+        return float("nan")
+    return (datetime.fromisoformat(end.replace("Z", "+00:00"))
+            - datetime.fromisoformat(start.replace("Z", "+00:00"))).total_seconds()
 
 
 def _assert_no_internals(text: str) -> None:
@@ -150,6 +168,54 @@ def test_a_deadlock_is_reported_within_seconds_with_the_blocked_line():
     _assert_no_internals(text)
 
 
+WRONG_PEER = next(m for m in mutants_of("03_pipeline_parallel") if m.name == "activation_to_previous_rank")
+SEND_LINE = "return dist.isend(tensor.contiguous(), group=pp_group, group_dst=next_rank)"
+
+
+def test_every_deadlocking_cell_lists_the_sends_and_receives_without_a_partner_and_the_wrong_send():
+    """send_forward sends to the previous rank: every visible test cell it fails deadlocks (the P2P helpers, GPipe,
+    1F1B, the memory test, interleaved). Each message lists, per rank, the sends and receives that had no
+    partner, names the send that reached a rank waiting for another sender, and quotes the student's line that
+    posted it (not only the receive that waited). (The pictures that run run_pipeline show the same section:
+    they raise the same DistributedError, rendered as in test_picture_and_scratch_cells_....)"""
+    nb = submissions.mutant_submission("03_pipeline_parallel", WRONG_PEER)
+    given = {"setup", "helpers", "p2p", "schedules", "bubble", "run_pipeline", "interleaved"}
+    sources, shown_as = [], []
+    for cell in nb.cells:
+        gid = _meta(cell).get("grade_id")
+        if cell.cell_type != "code":
+            continue
+        if gid in given:
+            sources.append(cell.source)
+            shown_as.append(None)
+        elif gid in WRONG_PEER.must_fail:
+            sources.append(cell.source)
+            shown_as.append(gid)
+    assert sorted(g for g in shown_as if g) == sorted(WRONG_PEER.must_fail)
+    out, took = _run(sources)
+    print(f"\n{len(WRONG_PEER.must_fail)} deadlocking cells (and the set-up) in a kernel: {took:.1f} s; "
+          f"each cell: {', '.join(f'{gid} {_seconds(cell):.1f} s' for cell, gid in zip(out.cells, shown_as) if gid)}")
+    for cell, gid in zip(out.cells, shown_as):
+        if gid is None:
+            assert not [o for o in cell.outputs if o.output_type == "error"], (cell.source[:80], _shown(cell))
+            continue
+        text = _shown(cell)
+        first = text.splitlines()[0] if text else ""
+        assert first.startswith("DistributedError: Exercise ") and "FAILED" in first, (gid, text)
+        section = text[text.index("Sends and receives without a partner when the ranks stopped"):]
+        # per rank: the sends that reached nobody, from send_forward's line; the receives that waited
+        assert re.search(r"^  rank \d: sends? #1(-#\d+)? to rank \d \(\[\d+, \d+\] float64, tag 0\) at Cell In\[\d+\], "
+                         r"line \d+, in send_forward: rank \d never receives from rank \d$", section, re.M), (gid, text)
+        assert re.search(r"^  rank \d: receive #1 from rank \d \(\[\d+, \d+\] float64, tag 0\) at Cell In\[\d+\], "
+                         r"line \d+, in recv_forward: rank \d never sends to rank \d$", section, re.M), (gid, text)
+        assert re.search(r"^  rank \d sends to rank \d, which waits to receive from rank \d instead .*: the send "
+                         r"\(at Cell In\[\d+\], line \d+, in send_forward\) or the receive \(at Cell In\[\d+\], line \d+, "
+                         r"in recv_forward\) names the wrong peer$", section, re.M), (gid, text)
+        quoted = section[section.index("The lines of your code that posted them (sends first):"):]
+        assert SEND_LINE in quoted.split("\n", 3)[2], (gid, text)  # the send's line, quoted first
+        _assert_no_internals(text)
+
+
 def test_a_passing_test_prints_one_line():
     nb, _ = _run(_cells("01_data_parallel", "all_reduce_gradients", "test_all_reduce_gradients"))
     text = _shown(nb.cells[-1])
@@ -188,7 +254,9 @@ def test_the_graders_verdict_names_the_exercises_answer_cell_never_a_file():
 
 def test_picture_and_scratch_cells_show_the_one_line_verdict_of_a_stub():
     """Outside a test cell (a picture, a scratch run) a stub reached through the course's code is named with its
-    exercise in one line, as a test cell names it: no frame of the course's runner, checks or lessons."""
+    exercise in one line, as a test cell names it: no frame of the course's runner, checks or lessons. A course
+    function that refuses the student's argument in a picture cell says so in one line that names the argument
+    (a ValueError the student's own code raises is shown as Python shows it)."""
     release = submissions.untouched_submission("01_data_parallel")
     keep, pictures = [], []
     for cell in release.cells:
@@ -201,10 +269,17 @@ def test_picture_and_scratch_cells_show_the_one_line_verdict_of_a_stub():
             pictures.append(cell.source)
     assert len(pictures) == 3, pictures
     own_error = "def my_helper():\n    raise RuntimeError('my own error')\nmy_helper()"
-    nb, _ = _run(keep + pictures + [own_error])
-    shown = [_shown(cell) for cell in nb.cells[-4:-1]]
-    mine = _shown(nb.cells[-1])  # the student's own error: shown as IPython always shows it, frames and all
+    timeline = next(p for p in pictures if "ddp_timeline(BucketedDDP, world_size=2)" in p)
+    bad_argument = timeline.replace("world_size=2", "world_size=0")  # the student's edit of a picture cell
+    own_value_error = "def my_check(n):\n    raise ValueError(f'my own check: {n}')\nmy_check(0)"
+    nb, _ = _run(keep + pictures + [own_error, bad_argument, own_value_error])
+    shown = [_shown(cell) for cell in nb.cells[-6:-3]]
+    mine = _shown(nb.cells[-3])  # the student's own error: shown as IPython always shows it, frames and all
     assert "RuntimeError" in mine and "my own error" in mine and "my_helper()" in mine, mine
+    refused = _shown(nb.cells[-2])
+    assert refused.strip() == "ValueError: ddp_timeline: world_size must be a positive int, got 0", refused
+    mine = re.sub(r"\x1b\[[0-9;]*m", "", _shown(nb.cells[-1]))  # IPython's colours
+    assert "ValueError" in mine and "my own check: 0" in mine and "my_check(0)" in mine, mine
     expected = {"show_fsdp": "Exercise 5 is not done yet: fully_shard is still the stub",
                 "ddp_timeline": "Exercise 2 is not done yet: BucketedDDP.__init__ is still the stub",
                 "plot_memory_ledger": "Exercise 3 is not done yet: zero_bytes_per_param is still the stub"}

@@ -164,22 +164,35 @@ def build_student_package(root: str, out_dir: str, lang: str | None = None) -> s
     return archive
 
 
+# Both scripts find the layout from their own location, never from the working directory: Gradescope unpacks the
+# zip in /autograder/source (the folder with wheels/) and copies the scripts to /autograder too, runs setup.sh
+# once as root from /autograder/source, and run_autograder for every upload from /autograder.
+_FIND_LAYOUT = """here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+if [ -d "$here/wheels" ]; then source_dir="$here"; else source_dir="$here/source"; fi  # the unpacked zip
+root="$(dirname "$source_dir")"  # /autograder on Gradescope
+"""
+
 _SETUP_SH = """#!/usr/bin/env bash
-# Gradescope runs this once when it builds the autograder image (Ubuntu, as root).
+# Gradescope runs this once, as root, when it builds the autograder's image (Ubuntu): bubblewrap (the sandbox of
+# every upload) and a Python environment beside the unpacked zip, /autograder/venv, with the course's wheel and
+# the packages grading imports (its `grading` extra).
 set -euo pipefail
-apt-get update -qq
+""" + _FIND_LAYOUT + """apt-get update -qq
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv python3-pip bubblewrap >/dev/null
-python3 -m venv /autograder/venv
-# PyTorch's CPU build of the course's release (the default is a multi-GB CUDA build)
-/autograder/venv/bin/pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
-/autograder/venv/bin/pip install -q /autograder/source/wheels/*.whl
+python3 -m venv "$root/venv"
+# PyTorch's CPU build of the course's release (PyPI's default is a multi-GB CUDA build); a site with its own
+# mirror sets TORCH_INDEX_URL
+"$root/venv/bin/pip" install -q torch==2.13.0 --index-url "${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
+wheels=("$source_dir"/wheels/*.whl)
+"$root/venv/bin/pip" install -q "${wheels[0]}[grading]"
 """
 
 _RUN_AUTOGRADER = """#!/usr/bin/env bash
-# Gradescope runs this for every submission: the student's notebook is in /autograder/submission.
-cd /autograder/source
-exec /autograder/venv/bin/python -m autograder.grading.gradescope {assignment} --course /autograder/source \\
-    --submission /autograder/submission --results /autograder/results/results.json
+# Gradescope runs this for every upload, from /autograder: the student's files are in /autograder/submission,
+# the results go to /autograder/results/results.json.
+set -euo pipefail
+""" + _FIND_LAYOUT + """exec "$root/venv/bin/python" -m autograder.grading.gradescope {assignment} \\
+    --course "$source_dir" --submission "$root/submission" --results "$root/results/results.json"
 """
 
 
@@ -188,8 +201,9 @@ def build_gradescope_package(root: str, assignment: str, out_dir: str) -> str:
 
     setup.sh and run_autograder at the top; the source and release notebooks of
     the assignment (the hidden tests: instructor-only, never given to
-    students) and the course's whole wheel (the grading layer included). No
-    solutions, no course tests.
+    students) and the course's whole wheel (the grading layer included), which
+    setup.sh installs with its `grading` extra (what grading imports beyond the
+    runtime). No solutions, no course tests.
     """
     import zipfile
 
@@ -198,7 +212,8 @@ def build_gradescope_package(root: str, assignment: str, out_dir: str) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         wheel = build_wheel(root, os.path.join(tmp, "wheels"), student=False)
         with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
-            for name, text in (("setup.sh", _SETUP_SH), ("run_autograder", _RUN_AUTOGRADER.format(assignment=assignment))):
+            for name, text in (("setup.sh", _SETUP_SH),
+                               ("run_autograder", _RUN_AUTOGRADER.replace("{assignment}", assignment))):
                 info = zipfile.ZipInfo(name)
                 info.external_attr = 0o755 << 16
                 z.writestr(info, text)

@@ -943,7 +943,13 @@ def plot_rank_layout(layout: dict, *, gpus_per_node: int = 8, names=("tp", "cp",
 
     from autograder.lessons.plots import new_figure, picture
 
-    names = [n for n in names if n in layout]
+    if not isinstance(gpus_per_node, int) or isinstance(gpus_per_node, bool) or gpus_per_node < 1:
+        raise ValueError(f"plot_rank_layout: gpus_per_node must be a positive int, got {gpus_per_node!r}")
+    shown = [n for n in names if n in layout]
+    if not shown:
+        raise ValueError(f"plot_rank_layout: layout has none of the dimensions {tuple(names)}: its keys are "
+                         f"{list(layout)}")
+    names = shown
     world = 1 + max(r for groups in layout.values() for g in groups for r in g)
     fig, ax = new_figure(figsize=(min(14, 1.2 + 0.45 * world), 0.8 + 0.6 * len(names)))
     cmap = colormaps["tab20"]

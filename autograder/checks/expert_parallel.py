@@ -78,6 +78,11 @@ def _require(cond: bool, message: str) -> None:
         raise ValueError(f"check parameters: {message}")
 
 
+def _ep_named(ep: int, ep_size: int | None) -> str:
+    """The EP size as the caller gave it: `ep_size (4)`, or `world_size (3), the EP size` by default."""
+    return f"ep_size ({ep})" if ep_size else f"world_size ({ep}), the EP size"
+
+
 def _ep_groups(world_size: int, ep_size: int | None) -> list[list[int]]:
     """The EP groups: blocks of `ep_size` consecutive ranks (the whole world by default)."""
     ep = ep_size or world_size
@@ -648,7 +653,7 @@ def check_exchange_token_counts(exchange_token_counts, *, world_size: int = 2, n
     """The worked example: rank r gets `[w, E/w]`, row s = rank s's counts for r's experts; one int64 all-to-all."""
     groups = _ep_groups(world_size, ep_size)
     ep = len(groups[0])
-    _require(num_experts % ep == 0, f"num_experts ({num_experts}) must be divisible by the EP size ({ep})")
+    _require(num_experts % ep == 0, f"num_experts ({num_experts}) must be divisible by {_ep_named(ep, ep_size)}")
     gen = torch.Generator().manual_seed(seed)
     counts = [torch.randint(0, 9, (num_experts,), generator=gen) for _ in range(world_size)]
     results = run_distributed(_counts_rank, world_size, args=(exchange_token_counts, counts, groups, backend),
@@ -864,7 +869,7 @@ def _dispatch_case(world_size, ep_size, num_experts, num_tokens, k, hidden, dtyp
     _require(pattern in PATTERNS, f"pattern must be one of {PATTERNS}, got {pattern!r}")
     groups = _ep_groups(world_size, ep_size)
     ep = len(groups[0])
-    _require(num_experts % ep == 0, f"num_experts ({num_experts}) must be divisible by the EP size ({ep})")
+    _require(num_experts % ep == 0, f"num_experts ({num_experts}) must be divisible by {_ep_named(ep, ep_size)}")
     _require(hidden >= 2, "hidden must be >= 2 (columns 0 and 1 tag each token)")
     local = num_experts // ep
     gen = torch.Generator().manual_seed(seed)
@@ -1286,7 +1291,7 @@ def _moe_case(world_size, ep_size, num_experts, k, hidden, ffn, num_tokens, capa
     groups = _ep_groups(world_size, ep_size)
     ep = len(groups[0])
     local = num_experts // ep
-    _require(num_experts % ep == 0, f"num_experts ({num_experts}) must be divisible by the EP size ({ep})")
+    _require(num_experts % ep == 0, f"num_experts ({num_experts}) must be divisible by {_ep_named(ep, ep_size)}")
     _require(pattern in ("random", "starve_expert", "starve_rank", "ties"), f"unknown pattern {pattern!r}")
     gen = torch.Generator().manual_seed(seed)
     for _ in range(200):

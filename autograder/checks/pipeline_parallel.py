@@ -30,8 +30,12 @@ a larger world (`pp_ranks`).
 A deadlock is a plausible mistake here: the runner reports one when every
 rank has been blocked for about 2 s, and the runs use a short hard timeout
 (5 s) for anything slower; either way every rank's stack is shown, with a
-hint. Runs skip the runner's collective agreement (`check_collectives=False`):
-a pipeline issues no collectives, and the ledger checks that there are none.
+hint, and the sends and receives that had no partner (each with the line of
+the student's code that posted it: a send to the wrong peer is named there).
+Runs keep the runner's collective agreement on (`check_collectives=True`): a
+pipeline issues no collectives (the ledger checks that there are none), but
+the agreement also keeps each rank's journal of sends and receives, which the
+runner matches across ranks when they hang.
 Rank programs are module-level functions, and tensors go to `cuda:<rank>`
 under nccl.
 """
@@ -56,6 +60,7 @@ from autograder.lessons.volume import pp_bubble_fraction
 
 from .pipeline_schedules import (  # noqa: F401 - part of this module's public API (the notebook imports it here)
     _action_text, _check_complete, _check_feasible, _normalize, _schedule_lists, check_bubble_fraction,
+    check_picture_runs,
     check_gpipe_schedule, check_interleaved_schedule, check_one_f_one_b_schedule, format_actions, in_flight_peak,
     pending_peak, show_schedules, simulate_schedules,
 )
@@ -120,9 +125,10 @@ def _name_stubs(exc: DistributedError) -> None:
 
 
 def _run_ranks(fn, world_size, *, args, timeout, backend):
-    """run_distributed for pipeline checks: no collective agreement (see the module docstring), hints on failure."""
+    """run_distributed for pipeline checks, hints on failure. The collective agreement stays on: its journal of
+    each rank's sends and receives is what a deadlock's report matches across ranks (see the module docstring)."""
     try:
-        return run_distributed(fn, world_size, args=args, timeout=timeout, backend=backend, check_collectives=False)
+        return run_distributed(fn, world_size, args=args, timeout=timeout, backend=backend)
     except DistributedError as exc:
         _name_stubs(exc)
         new = _explained(exc)
@@ -902,6 +908,8 @@ def plot_pipeline_timelines(run_pipeline, runs, *, bubble_fraction=None, forward
 
     from autograder.lessons.plots import new_figure, picture
 
+    runs = check_picture_runs(runs, ("title", "schedule_fn", "num_stages", "num_microbatches", "num_chunks"),
+                              "plot_pipeline_timelines")
     fig, axes = new_figure(figsize=(12, 2.3 * len(runs)), nrows=len(runs))
     axes = [axes] if len(runs) == 1 else list(axes)
     for ax, (title, fn, p, m, v) in zip(axes, runs):

@@ -306,6 +306,12 @@ def show_schedules(schedule_fn, num_stages: int, num_microbatches: int, num_chun
     (`style="v"`: two chunks per rank, called as `schedule_fn(p, stage, m)`)
     give num_chunks=2.
     """
+    for name, value in (("num_stages", num_stages), ("num_microbatches", num_microbatches),
+                        ("num_chunks", num_chunks)):
+        if not _positive_int(value):
+            raise ValueError(f"show_schedules: {name} must be a positive int, got {value!r}")
+    if style not in ("loop", "v"):
+        raise ValueError(f"show_schedules: style must be 'loop' or 'v', got {style!r}")
     p, m, v = num_stages, num_microbatches, num_chunks
     lists = _schedule_lists(schedule_fn, p, m, v, getattr(schedule_fn, "__name__", "schedule"),
                             chunk_arg=v > 1 and style == "loop")
@@ -321,6 +327,30 @@ def show_schedules(schedule_fn, num_stages: int, num_microbatches: int, num_chun
     if style == "loop" and not split:
         line += f"; (p - 1) / (v m + p - 1) = {pp_bubble_fraction(p, m, v):.4f}"
     print(line)
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def check_picture_runs(runs, fields: tuple, what: str) -> list:
+    """A picture's `runs` as the student wrote them: a list of tuples of `fields` (the last one, the number of
+    chunks or the style, checked by the caller), num_stages and num_microbatches positive ints; else a ValueError
+    that names the run and the field (`plot_pipeline_timelines: runs[1] = ('1F1B', ..., 4, 8) has 4 values`)."""
+    try:
+        runs = list(runs)
+    except TypeError:
+        raise ValueError(f"{what}: runs must be a list of ({', '.join(fields)}), got {runs!r}") from None
+    if not runs:
+        raise ValueError(f"{what}: runs is empty: give at least one ({', '.join(fields)})")
+    for i, run in enumerate(runs):
+        if not isinstance(run, (tuple, list)) or len(run) != len(fields):
+            n = f"has {len(run)} values" if isinstance(run, (tuple, list)) else "is not a tuple"
+            raise ValueError(f"{what}: runs[{i}] = {run!r} {n}; each run is ({', '.join(fields)})")
+        for name, value in zip(fields, run):
+            if name in ("num_stages", "num_microbatches", "num_chunks") and not _positive_int(value):
+                raise ValueError(f"{what}: runs[{i}]: {name} must be a positive int, got {value!r}")
+    return runs
 
 
 def _schedule_lists(fn, p: int, m: int, v: int, name: str, *, chunk_arg: bool | None = None) -> list:

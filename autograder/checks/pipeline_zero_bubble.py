@@ -53,8 +53,8 @@ from .pipeline_parallel import (
     _run_ranks, _where,
 )
 from .pipeline_schedules import (
-    _action_text, _check_complete, _expect_value_error, _flat, _normalize, _plain, _schedule_lists, format_actions,
-    in_flight_peak, owner_of, pending_peak, simulate_schedules, stage_of,
+    _action_text, _check_complete, _expect_value_error, _flat, _normalize, _plain, _schedule_lists, check_picture_runs,
+    format_actions, in_flight_peak, owner_of, pending_peak, simulate_schedules, stage_of,
 )
 
 __all__ = [
@@ -1008,6 +1008,11 @@ def plot_zb_timelines(run_pipeline_zb, runs, *, forward_ms: float = 20.0, backwa
 
     from autograder.lessons.plots import new_figure, picture
 
+    runs = check_picture_runs(runs, ("title", "schedule_fn", "num_stages", "num_microbatches", "style"),
+                              "plot_zb_timelines")
+    for i, run in enumerate(runs):
+        if run[4] not in ("loop", "v"):
+            raise ValueError(f"plot_zb_timelines: runs[{i}]: style must be 'loop' or 'v', got {run[4]!r}")
     fig, axes = new_figure(figsize=(12, 2.4 * len(runs)), nrows=len(runs))
     axes = [axes] if len(runs) == 1 else list(axes)
     for ax, (title, fn, p, m, style) in zip(axes, runs):

@@ -7,6 +7,7 @@
     nbgrader_plugins    the course's nbgrader preprocessors (nbgrader_config.py) and the sandboxed kernel
     trusted             the verdicts, decided in a process that never runs student code
     exports             Gradescope's results.json, nbgrader's CSV
+    lms                 grades back to the LMS: Canvas's gradebook import CSV, a plain CSV with names and emails
     gradescope          the course as a Gradescope autograder (run_autograder calls it)
 
 Used by the instructor (the command line, nbgrader_config.py), by the cluster

@@ -2,13 +2,17 @@
 
     python -m autograder.grade autograde 02_tensor_parallel --jobs 2        # the course's command
     python -m autograder.grade autograde 02_tensor_parallel --shard 1/3     # one slice, into its own file
-    python -m autograder.grade merge graded/02_tensor_parallel/shard-*.json # fold shard results in
+    python -m autograder.grade merge graded/02_tensor_parallel/shards/shard-*.json   # fold shard results in
 
 One submission:
 
 1. intake (autograder.grading.intake, in the main process, each student on their
-   own): the notebook file checked (a regular file, a notebook, this
-   assignment's) and normalised, or a named reason why it cannot be graded;
+   own, bounded in time by the notebook's size): the student's folder name
+   and the notebook file checked (a usable name; a regular file, a notebook
+   within the size bounds, this assignment's) and normalised, or a named
+   reason why it cannot be graded; every step of one student in the main
+   process (intake, the paths named by the student, the work file, saving
+   the record) is guarded: what fails costs that student alone;
 2. in a worker process: the trusted run (autograder.grading.trusted), every check
    run once: the student's cells run in a fresh interpreter in the sandbox
    (autograder.grading.sandbox: no privileges, an empty root, memory, process and
@@ -51,10 +55,13 @@ import traceback
 import warnings
 
 __all__ = ["grade_class", "merge_results", "course_lock", "read_results", "result_path", "ClassRunError",
-           "submissions", "shard_of", "backup_gradebook", "grader_fingerprint", "write_gradebook",
-           "gradebook_holds", "ensure_gradebook"]
+           "submissions", "shard_of", "shard_path", "backup_gradebook", "grader_fingerprint", "write_gradebook",
+           "no_sandbox_message", "gradebook_holds", "ensure_gradebook"]
 
+# graded/<assignment>/ holds the students' records, <student>.json (and <student>.json.tmp while one is written),
+# and the grader's own files in SHARDS/, a name no record can take (a record's name ends in .json)
 GRADED = "graded"
+SHARDS = "shards"
 BACKUPS = "backups"
 RESULT_VERSION = 1
 
@@ -149,14 +156,26 @@ def result_path(root: str, assignment: str, student: str) -> str:
     return os.path.join(root, GRADED, assignment, f"{student}.json")
 
 
+def shard_path(root: str, assignment: str, index: int, count: int) -> str:
+    """Where `autograde --shard index/count` writes its results (graded/<assignment>/shards/)."""
+    return os.path.join(root, GRADED, assignment, SHARDS, f"shard-{index}-of-{count}.json")
+
+
 def read_results(root: str, assignment: str) -> dict[str, dict]:
+    """The students' records in graded/<assignment>/ (a file there that is not a record is passed over: the
+    shard files an older version wrote beside the records, graded/<assignment>/shard-I-of-N.json)."""
     out = {}
-    for path in sorted(glob.glob(os.path.join(root, GRADED, assignment, "*.json"))):
-        if os.path.basename(path).startswith("shard-"):
+    folder = os.path.join(root, GRADED, assignment)
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        if not name.endswith(".json"):
             continue
-        with open(path, encoding="utf-8") as f:
-            rec = json.load(f)
-        out[rec["student"]] = rec
+        try:
+            with open(os.path.join(folder, name), encoding="utf-8") as f:
+                rec = json.load(f)
+        except (OSError, ValueError):
+            continue  # unreadable: that student is graded again
+        if isinstance(rec, dict) and "records" not in rec and isinstance(rec.get("student"), str):
+            out[rec["student"]] = rec
     return out
 
 
@@ -290,7 +309,7 @@ def grade_one(job: dict) -> dict:
               "max_score": job["max_score"], "timings": {}, "graded_at": datetime.datetime.now().isoformat(),
               "submitted_at": job.get("submitted_at"), "second_backend": job.get("second_backend"),
               "feedback": None, "feedback_html": None}
-    work = os.path.join(job["workbase"], student)
+    work = os.path.join(job["workbase"], "work", student)  # work/: apart from the queued notebooks
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     try:
@@ -453,9 +472,24 @@ def _rejected(assignment: str, student: str, reason: str, intake_warnings, h: st
             "submitted_at": submitted_at, "feedback": None, "feedback_html": None}
 
 
+def still_valid(old: dict | None, notebook_hash: str, fingerprint: str, second_backend: str | None) -> bool:
+    """Whether a previous record stands for this run: the same notebook, the same grader, graded, and nothing
+    left undecided ("needs regrade": every run grades such a submission again until it is decided)."""
+    return bool(old) and old.get("hash") == notebook_hash and old.get("fingerprint") == fingerprint \
+        and old.get("status") == "graded" and old.get("second_backend") == second_backend \
+        and not old.get("needs_regrade")
+
+
 def _graded_cells(source: dict) -> list[tuple[str, float]]:
     return [(_meta(c)["grade_id"], float(_meta(c).get("points", 0))) for c in source["cells"]
             if _meta(c).get("grade") and not _meta(c).get("solution")]
+
+
+def no_sandbox_message(why: str) -> str:
+    """The refusal of a grading command (a class's, Gradescope's) where the sandbox does not work (`why`:
+    sandbox_status's reason)."""
+    return (f"no sandbox: {why.rstrip('.')}. Nothing was graded: fix that, or grade without a sandbox with "
+            f"--no-sandbox (student code then sees the course's files: see the README's threat model)")
 
 
 def grade_class(root: str, assignment: str, *, jobs: int | None = None, shard: tuple[int, int] | None = None,
@@ -469,15 +503,13 @@ def grade_class(root: str, assignment: str, *, jobs: int | None = None, shard: t
     `second_backend` ("nccl" on a GPU grading node): every test cell runs again with its checks on that
     backend, a note per cell (table, feedback, results.json), no points.
     """
-    from autograder.grading.intake import check_submission
+    from autograder.grading.intake import check_submission, shown_name
     from autograder.grading.sandbox import sandbox_status
 
     if isolate:
         ok, why = sandbox_status()
         if not ok:
-            raise ClassRunError(f"no sandbox: {why.rstrip('.')}. Nothing was graded: fix that, or grade without "
-                                f"a sandbox with --no-sandbox (student code then sees the course's files: see "
-                                f"the README's threat model)")
+            raise ClassRunError(no_sandbox_message(why))
     with open(source_notebook(root, assignment), encoding="utf-8") as f:
         source = json.load(f)
     rel_path = release_notebook(root, assignment)
@@ -505,37 +537,40 @@ def grade_class(root: str, assignment: str, *, jobs: int | None = None, shard: t
     records, todo = [], []
     try:
         for student in everyone:
-            try:
-                intake = check_submission(os.path.join(root, "submitted", student, assignment), release, nb_name,
-                                          others, student=student)
-            except Exception as exc:  # noqa: BLE001 - one student's file never stops the class
-                from autograder.grading.intake import Intake
+            try:  # every step of one student here (intake, the paths named by them, the work file): theirs alone
+                try:
+                    intake = check_submission(os.path.join(root, "submitted", student, assignment), release, nb_name,
+                                              others, student=student)
+                except Exception as exc:  # noqa: BLE001 - one student's file never stops the class
+                    from autograder.grading.intake import Intake
 
-                intake = Intake(student=student, reason=f"the grader could not read this submission "
-                                                        f"({type(exc).__name__}: {str(exc)[:300]})")
-            if intake.notebook is None:
-                h = hashlib.sha256(intake.reason.encode()).hexdigest()[:16]
-                records.append(_rejected(assignment, student, intake.reason, intake.warnings, h, fp, max_score,
-                                         cells, intake.submitted_at))
-                continue
-            text = json.dumps(intake.notebook, sort_keys=True)
-            h = hashlib.sha256(text.encode()).hexdigest()[:16]
-            old = previous.get(student)
-            if not force and old and old.get("hash") == h and old.get("fingerprint") == fp \
-                    and old.get("status") == "graded" and old.get("second_backend") == second_backend \
-                    and not old.get("needs_regrade"):
-                old = dict(old, unchanged=True)
-                records.append(old)
-                continue
-            path = os.path.join(workbase, f"{student}.ipynb")
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text)
-            todo.append({"root": root, "assignment": assignment, "student": student, "notebook": path,
-                         "notebook_name": nb_name, "hash": h, "fingerprint": fp, "warnings": intake.warnings,
-                         "max_score": max_score, "cells": cells, "workbase": workbase, "isolate": isolate,
-                         "memory_bytes": memory_bytes, "max_pids": max_pids, "budget": budget,
-                         "saw": intake.saw, "submitted_at": intake.submitted_at,
-                         "second_backend": second_backend})
+                    intake = Intake(student=student, reason=f"the grader could not read this submission "
+                                                            f"({type(exc).__name__}: {str(exc)[:300]})")
+                if intake.notebook is None:
+                    h = hashlib.sha256(intake.reason.encode()).hexdigest()[:16]
+                    records.append(_rejected(assignment, student, intake.reason, intake.warnings, h, fp, max_score,
+                                             cells, intake.submitted_at))
+                    continue
+                text = json.dumps(intake.notebook, sort_keys=True)
+                h = hashlib.sha256(text.encode()).hexdigest()[:16]
+                old = previous.get(student)
+                if not force and still_valid(old, h, fp, second_backend):
+                    old = dict(old, unchanged=True)
+                    records.append(old)
+                    continue
+                path = os.path.join(_ensure(os.path.join(workbase, "notebooks")), f"{student}.ipynb")
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(text)
+                todo.append({"root": root, "assignment": assignment, "student": student, "notebook": path,
+                             "notebook_name": nb_name, "hash": h, "fingerprint": fp, "warnings": intake.warnings,
+                             "max_score": max_score, "cells": cells, "workbase": workbase, "isolate": isolate,
+                             "memory_bytes": memory_bytes, "max_pids": max_pids, "budget": budget,
+                             "saw": intake.saw, "submitted_at": intake.submitted_at,
+                             "second_backend": second_backend})
+            except Exception as exc:  # noqa: BLE001 - one student's submission never stops the class
+                rec = _rejected(assignment, student, f"the grader failed taking in this submission "
+                                f"({type(exc).__name__}: {str(exc)[:300]})", [], "", fp, max_score, cells)
+                records.append(dict(rec, status="error"))
         if todo:
             template = _cached_template(root, assignment, fp)
             for job in todo:
@@ -544,8 +579,8 @@ def grade_class(root: str, assignment: str, *, jobs: int | None = None, shard: t
             saved = set()
 
             def on_done(rec):
-                _write_record(root, rec)
-                saved.add(rec["student"])
+                if _save_record(root, rec):
+                    saved.add(rec["student"])
             workers = jobs or os.cpu_count() or 1
             done = _run_jobs(todo, workers, progress, log, None if shard is not None else on_done)
             # a check the machine was too busy to decide is never a verdict: those submissions are graded again,
@@ -563,7 +598,7 @@ def grade_class(root: str, assignment: str, *, jobs: int | None = None, shard: t
             records = [dict(r, _saved=True) if r["student"] in saved else r for r in records]
         for rec in records:
             if rec.get("status") in ("rejected", "error") and not rec.get("unchanged"):
-                log(f"  \u2717 {rec['student']}: {rec['reason']}")
+                log(f"  \u2717 {shown_name(rec['student'])}: {rec['reason']}")
         _save(root, assignment, records, shard, out)
     finally:
         shutil.rmtree(workbase, ignore_errors=True)
@@ -688,14 +723,32 @@ def _save(root: str, assignment: str, records: list[dict], shard, out: str | Non
     folder = os.path.join(root, GRADED, assignment)
     os.makedirs(folder, exist_ok=True)
     if shard is not None:
-        path = out or os.path.join(folder, f"shard-{shard[0]}-of-{shard[1]}.json")
+        path = out or shard_path(root, assignment, *shard)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path + ".tmp", "w", encoding="utf-8") as f:
             json.dump({"assignment": assignment, "shard": list(shard), "records": records}, f)
         os.replace(path + ".tmp", path)
         return
     for rec in records:
         if not rec.get("unchanged") and not rec.pop("_saved", False):
-            _write_record(root, rec)
+            _save_record(root, rec)
+
+
+def _save_record(root: str, rec: dict) -> bool:
+    """Write one student's record and feedback (`_write_record`); what fails costs that student alone: the
+    record then says why (status "error"). A student rejected for the folder's name has no file that can be
+    named by it: the record is in the run's table (and a shard's file) only. True if it was written."""
+    from autograder.grading.intake import student_name_problem
+
+    if student_name_problem(rec["student"]):
+        return False
+    try:
+        _write_record(root, rec)
+        return True
+    except Exception as exc:  # noqa: BLE001 - one student's record never stops the class
+        rec.update(status="error", reason=f"the grader could not save this submission's record or feedback "
+                                          f"({type(exc).__name__}: {str(exc)[:300]})")
+        return False
 
 
 def _write_record(root: str, rec: dict) -> None:
@@ -717,12 +770,21 @@ def _write_record(root: str, rec: dict) -> None:
 
 def merge_results(root: str, files: list[str]) -> list[dict]:
     """Fold shard files into graded/ (and the feedback folders); idempotent. The merged records."""
+    bundles = []
+    for path in files:  # every file read first: one that is not a shard file stops the merge before it writes
+        try:
+            with open(path, encoding="utf-8") as f:
+                bundle = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise ClassRunError(f"cannot read the shard file {path}: {exc}") from None
+        if not isinstance(bundle, dict) or not isinstance(bundle.get("records"), list):
+            raise ClassRunError(f"{path} is not a shard file of `autograde --shard` (no records in it); the shard "
+                                f"files are graded/<assignment>/{SHARDS}/shard-I-of-N.json")
+        bundles.append(bundle)
     merged = []
-    for path in files:
-        with open(path, encoding="utf-8") as f:
-            bundle = json.load(f)
+    for bundle in bundles:
         for rec in bundle["records"]:
-            _write_record(root, rec)
+            _save_record(root, rec)
             merged.append(rec)
     return merged
 
@@ -809,8 +871,10 @@ def write_gradebook(root: str, assignment: str, records: list[dict]) -> None:
     """Scores per cell into nbgrader's gradebook; flags as "needs manual grade" and a comment."""
     from nbgrader.api import Gradebook, MissingEntry
 
-    from autograder.grading.intake import parse_timestamp
+    from autograder.grading.intake import parse_timestamp, student_name_problem
 
+    # a student rejected for the folder's name is not entered under that name (the run's table shows them)
+    records = [r for r in records if not student_name_problem(r["student"])]
     if not records:
         return
     ensure_gradebook(root, assignment)  # never a half-made gradebook.db (nbgrader's own creation needs alembic)

@@ -1,13 +1,15 @@
 """The course's grading command line (instructors and the grading machine).
 
     python -m autograder.grade autograde 02_tensor_parallel [--jobs N]   # grade submitted/*/02_tensor_parallel
-    python -m autograder.grade autograde 02_tensor_parallel --shard 2/3  # one slice, into graded/.../shard-2-of-3.json
-    python -m autograder.grade merge graded/02_tensor_parallel/shard-*.json
+    python -m autograder.grade autograde 02_tensor_parallel --shard 2/3  # a slice: graded/.../shards/shard-2-of-3.json
+    python -m autograder.grade merge graded/02_tensor_parallel/shards/shard-*.json
     python -m autograder.grade scores                                    # the gradebook
     python -m autograder.grade export 02_tensor_parallel --gradescope exports/gs --csv exports/02.csv
+    python -m autograder.grade export 02_tensor_parallel --canvas exports/02-canvas.csv --canvas-assignment-id 12345
     python -m autograder.grade demo                                      # sample submissions, graded, the table
     python -m autograder.grade student-package [--lang zh]               # dist/llm-parallelism-course.tar.gz
     python -m autograder.grade gradescope-package 02_tensor_parallel     # dist/gradescope-02_tensor_parallel.zip
+    python -m autograder.grade k8s-manifest 02_tensor_parallel --shards 8  # the Kubernetes Jobs (cluster/)
 
 Run from the course root (where nbgrader_config.py is). `autograde` grades
 each submission in a sandbox, in parallel (autograder.grading.classrun: the
@@ -99,9 +101,11 @@ def print_records(records: list[dict], root: str, *, width: int | None = None,
     if not records:
         print("Nothing was graded.")
         return
+    from autograder.grading.intake import shown_name
+
     width = width or max(100, shutil.get_terminal_size((120, 20)).columns)
     w_a = max(len("assignment"), *(len(r["assignment"]) for r in records))
-    w_s = max(len("student"), *(len(r["student"]) for r in records))
+    w_s = max(len("student"), *(len(shown_name(r["student"])) for r in records))
     head = f"{'assignment':<{w_a}}  {'student':<{w_s}}  {'score':>13}  "
     indent = " " * len(head)
     print(f"{head}cells that lost points (and notes)")
@@ -127,11 +131,12 @@ def print_records(records: list[dict], root: str, *, width: int | None = None,
                       else [f"{shown}: every cell passed (not graded)"])
         if r.get("unchanged"):
             notes.append("unchanged since the last run: not regraded")
-        lines = textwrap.wrap(detail, width - len(head)) or ["-"]
+        room = max(30, width - len(head))
+        lines = textwrap.wrap(detail, room) or ["-"]
         for note in notes:
-            lines += textwrap.wrap(f"note: {note}", width - len(head))
+            lines += textwrap.wrap(f"note: {note}", room)
         score = f"{r['score']:6.1f} / {r['max_score']:4.0f}"
-        print(f"{r['assignment']:<{w_a}}  {r['student']:<{w_s}}  {score}  {lines[0]}")
+        print(f"{r['assignment']:<{w_a}}  {shown_name(r['student']):<{w_s}}  {score}  {lines[0]}")
         for line in lines[1:]:
             print(indent + line)
     if shard_files is not None:
@@ -143,8 +148,24 @@ def print_records(records: list[dict], root: str, *, width: int | None = None,
           f"assignment): feedback/<student>/<assignment>/. Records: graded/<assignment>/<student>.json")
 
 
+def _cell_order(root: str, assignment: str) -> dict[str, int]:
+    """grade id -> its place in the assignment's release notebook (empty if there is none)."""
+    import json
+
+    from autograder.grading.classrun import release_notebook
+
+    try:
+        with open(release_notebook(root, assignment), encoding="utf-8") as f:
+            cells = json.load(f)["cells"]
+    except Exception:  # noqa: BLE001 - no release notebook (any more): the gradebook's names, sorted
+        return {}
+    ids = [((c.get("metadata") or {}).get("nbgrader") or {}).get("grade_id") for c in cells]
+    return {gid: i for i, gid in enumerate(ids) if gid}
+
+
 def gradebook_rows(root: str, assignments: list[str] | None = None) -> list[dict]:
-    """One row per (assignment, student) from nbgrader's gradebook: score, max score, cells that lost points."""
+    """One row per (assignment, student) from nbgrader's gradebook: score, max score, cells that lost points
+    (in the order of the notebook, as `autograde` lists them)."""
     from nbgrader.api import Gradebook, MissingEntry
 
     import warnings
@@ -157,6 +178,8 @@ def gradebook_rows(root: str, assignments: list[str] | None = None) -> list[dict
             for assignment in gb.assignments:
                 if assignments and assignment.name not in assignments:
                     continue
+                order = _cell_order(root, assignment.name)
+                place = lambda g: (g not in order, order.get(g, 0), g)  # noqa: E731 - the notebook's order
                 for student in gb.students:
                     try:
                         sub = gb.find_submission(assignment.name, student.id)
@@ -172,7 +195,7 @@ def gradebook_rows(root: str, assignments: list[str] | None = None) -> list[dict
                                 lost.append(grade.name)
                     rows.append({"assignment": assignment.name, "student": student.id,
                                  "score": float(sub.score), "max_score": float(sub.max_score),
-                                 "lost": sorted(lost), "needs_regrade": regrade})
+                                 "lost": sorted(lost, key=place), "needs_regrade": sorted(regrade, key=place)})
     return rows
 
 
@@ -246,11 +269,10 @@ def _gradebook_first(root: str, assignments: list[str], wait: float = 600.0) -> 
 
 
 def _shard_file(root: str, assignment: str, shard: tuple[int, int], out: str | None) -> str:
-    """The file a shard run writes (as classrun's _save names it), relative to the course root."""
-    from autograder.grading.classrun import GRADED
+    """The file a shard run writes, relative to the course root."""
+    from autograder.grading.classrun import shard_path
 
-    return os.path.relpath(out or os.path.join(root, GRADED, assignment, f"shard-{shard[0]}-of-{shard[1]}.json"),
-                           root)
+    return os.path.relpath(out or shard_path(root, assignment, *shard), root)
 
 
 def _autograde(root: str, assignments: list[str], args) -> list[dict]:
@@ -308,13 +330,16 @@ def _nccl_backend(mode: str) -> str | None:
 
 
 def _shard_assignment(path: str) -> str | None:
+    """The assignment of a shard file (None: not one; merge_results then refuses it, before anything is written)."""
     import json
 
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f).get("assignment")
-    except (OSError, ValueError, AttributeError):
-        return None  # merge_results says what is wrong with it
+            bundle = json.load(f)
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(bundle, dict) and isinstance(bundle.get("records"), list)
+    return bundle["assignment"] if ok and isinstance(bundle.get("assignment"), str) else None
 
 
 def _merge(root: str, files: list[str]) -> list[dict]:
@@ -323,7 +348,8 @@ def _merge(root: str, files: list[str]) -> list[dict]:
 
     try:
         with course_lock(root):
-            for a in sorted({_shard_assignment(f) for f in files} - {None}):  # before folding anything in
+            made = [_shard_assignment(f) for f in files]
+            for a in sorted(set(made)) if None not in made else []:  # the gradebook first, before anything else
                 ensure_gradebook(root, a)
             records = merge_results(root, files)
             backup_gradebook(root)
@@ -359,25 +385,42 @@ def main(argv=None) -> int:
     p_auto.add_argument("assignments", nargs="+")
     grading_options(p_auto)
     p_auto.add_argument("--shard", type=_shard, default=None,
-                        help="I/N: grade only slice I of N into graded/ASSIGNMENT/shard-I-of-N.json "
+                        help="I/N: grade only slice I of N into graded/ASSIGNMENT/shards/shard-I-of-N.json "
                              "('slurm/N' or 'k8s/N' read the array index of the cluster's job)")
     p_auto.add_argument("--out", default=None, help="the shard's result file (with --shard)")
     p_merge = sub.add_parser("merge", help="fold shard result files into the gradebook (idempotent)")
     p_merge.add_argument("files", nargs="+")
     sub.add_parser("scores", help="print the gradebook")
-    p_exp = sub.add_parser("export", help="Gradescope results.json per submission; a CSV of the assignments' grades")
+    p_exp = sub.add_parser("export", help="Gradescope results.json per submission; a CSV of the assignments' grades; "
+                                          "Canvas's gradebook import; a CSV for any LMS")
     p_exp.add_argument("assignments", nargs="+")
     p_exp.add_argument("--gradescope", default=None, help="folder for <student>/results.json")
     p_exp.add_argument("--csv", default=None,
                        help="this file: one row per submission of the assignments (nbgrader export's columns, the "
                             "student's submission time, and `late`)")
+    p_exp.add_argument("--canvas", default=None, metavar="FILE",
+                       help="this file: Canvas's gradebook import CSV for the assignment (Grades > Import in Canvas): "
+                            "Student, ID, SIS User ID, SIS Login ID, Section and the assignment's column; a score "
+                            "not decided (needs regrade) is left blank and listed")
+    p_exp.add_argument("--canvas-assignment-id", default=None, metavar="ID",
+                       help="with --canvas: the assignment's id in Canvas (.../courses/<course>/assignments/<ID>)")
+    p_exp.add_argument("--canvas-roster", default=None, metavar="PATH",
+                       help="with --canvas: Canvas's gradebook export (Grades > Export), whose Student, ID, SIS "
+                            "and Section values the import keeps (default: the Canvas user ids zip_collect read)")
+    p_exp.add_argument("--lms-csv", default=None, metavar="FILE",
+                       help="this file: one row per student of the assignment: student_id, first_name, last_name, "
+                            "email (nbgrader's gradebook), score, max_score, late, needs_regrade")
     p_pkg = sub.add_parser("student-package", help="write the student archive (notebooks, lessons, wheel)")
     p_pkg.add_argument("--out", default="dist", help="folder for the archive (default: dist)")
     p_pkg.add_argument("--lang", default=None, help="en or zh (default: the language release/ is in)")
     p_gs = sub.add_parser("gradescope-package", help="a Gradescope autograder zip for one assignment")
     p_gs.add_argument("assignment")
     p_gs.add_argument("--out", default="dist", help="folder for the zip (default: dist)")
+    from autograder.grading import k8s
+    k8s.add_parser(sub)  # k8s-manifest ASSIGNMENT --shards N: the Kubernetes Jobs (autograder/grading/k8s.py)
     args = parser.parse_args(argv)
+    if args.cmd == "k8s-manifest":
+        return k8s.run(args)
     root = course_root()
 
     if args.cmd == "student-package":
@@ -405,7 +448,9 @@ def main(argv=None) -> int:
     if args.cmd == "export":
         from autograder.grading.exports import export
 
-        for line in export(root, args.assignments, gradescope=args.gradescope, csv=args.csv):
+        for line in export(root, args.assignments, gradescope=args.gradescope, csv=args.csv, canvas=args.canvas,
+                           canvas_assignment_id=args.canvas_assignment_id, canvas_roster=args.canvas_roster,
+                           lms_csv=args.lms_csv):
             print(line)
         return 0
     assignments = args.assignments or released_assignments(root)
@@ -428,10 +473,12 @@ def main(argv=None) -> int:
     print()
     print_records(records, root, shard_files=None if args.shard is None else
                   [_shard_file(root, a, args.shard, args.out) for a in assignments])
+    from autograder.grading.intake import shown_name
+
     ungraded = [r for r in records if r.get("status") == "error"]
     if ungraded:
         print(f"\n{len(ungraded)} submission(s) could not be graded (the grader failed, not the student): "
-              + ", ".join(f"{r['assignment']}/{r['student']}" for r in ungraded)
+              + ", ".join(f"{r['assignment']}/{shown_name(r['student'])}" for r in ungraded)
               + ". Their reasons are in the table; run the command again to retry them.")
         return 1
     return 0

@@ -1,6 +1,10 @@
-"""Exports of the graded records: Gradescope's results.json per submission, a CSV of the gradebook.
+"""Exports of the graded records: Gradescope's results.json per submission, a CSV of the gradebook, the LMS.
 
     python -m autograder.grade export 02_tensor_parallel --gradescope exports/gradescope --csv exports/02.csv
+    python -m autograder.grade export 02_tensor_parallel --canvas exports/02-canvas.csv --canvas-assignment-id 12345
+    python -m autograder.grade export 02_tensor_parallel --lms-csv exports/02-grades.csv
+
+Canvas's gradebook import and the plain CSV for another LMS: autograder.grading.lms.
 
 Gradescope (its autograder specification, "results.json"): one test per
 graded cell, named by its exercise and what it checks, with its score and
@@ -78,8 +82,24 @@ def gradescope_results(record: dict, titles: dict[str, str]) -> dict:
             "visibility": "visible", "stdout_visibility": "hidden", "tests": tests}
 
 
-def export(root: str, assignments: list[str], *, gradescope: str | None = None, csv: str | None = None):
+def export(root: str, assignments: list[str], *, gradescope: str | None = None, csv: str | None = None,
+           canvas: str | None = None, canvas_assignment_id: str | None = None, canvas_roster: str | None = None,
+           lms_csv: str | None = None):
+    """Write the exports asked for; yield a line to print for each (autograder.grading.lms: Canvas, --lms-csv)."""
     from autograder.grading.classrun import read_results, source_notebook
+
+    if (canvas_assignment_id or canvas_roster) and not canvas:
+        raise SystemExit("autograder.grade export: --canvas-assignment-id and --canvas-roster go with --canvas FILE "
+                         "(Canvas's gradebook import)")
+    for option, value in (("--canvas", canvas), ("--lms-csv", lms_csv)):
+        if value and len(assignments) != 1:
+            raise SystemExit(f"autograder.grade export: {option} writes one assignment's grades: name one "
+                             f"assignment (not {len(assignments)}), and run it once per assignment")
+    if canvas:  # its errors (no Canvas assignment id, not a Canvas roster) before anything is written
+        from autograder.grading.lms import write_canvas
+
+        canvas_lines = write_canvas(root, assignments[0], canvas, canvas_assignment_id=canvas_assignment_id,
+                                    roster_path=canvas_roster)
 
     if gradescope:
         for a in assignments:
@@ -101,6 +121,12 @@ def export(root: str, assignments: list[str], *, gradescope: str | None = None, 
             writer.writerows(rows)
         late = sum(r["late"] == "yes" for r in rows)
         yield f"wrote {csv}: {len(rows)} submission(s) of {', '.join(assignments)} ({late} late)"
+    if canvas:
+        yield from canvas_lines
+    if lms_csv:
+        from autograder.grading.lms import write_lms_csv
+
+        yield from write_lms_csv(root, assignments[0], lms_csv)
 
 
 def csv_rows(root: str, assignments: list[str]) -> list[dict]:

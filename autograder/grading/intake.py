@@ -8,11 +8,22 @@
 Everything a submission could do to the notebook *file* to break grading for
 everyone, or to change how it is graded, is handled here, per student:
 
+- the student's folder name must be usable as a file name: the records,
+  feedback folders and gradebook entry are named by it, so a name over
+  `MAX_NAME_BYTES` bytes (UTF-8), not valid UTF-8, with a character that
+  cannot be printed (a control character, a newline) or starting with a dot
+  is refused with a named reason (`student_name_problem`);
 - the submission folder and the notebook must be what they look like: a
   symbolic link, a FIFO, a device or a file over `MAX_BYTES` is refused
   with a named reason, before anything opens it for reading (a FIFO would
   block the grader; a link could point at another student's file or at the
   course's own notebooks);
+- intake's work is linear in the notebook's size and bounded: at most
+  `MAX_BYTES` bytes are read, and a notebook with more than `MAX_CELLS`
+  cells, `MAX_JSON_VALUES` JSON values (lines, strings, numbers, lists and
+  objects: what the format's validation walks) or `MAX_GRADE_IDS` distinct
+  grading ids is refused with a reason that names the limit and the count,
+  before the format is validated;
 - no notebook, or several without the expected name: a named reason;
 - one notebook under another name (`..._lab-Copy1.ipynb`): graded, with a warning;
 - invalid JSON or not a notebook (nbformat's schema), and nbgrader metadata
@@ -36,6 +47,7 @@ everyone, or to change how it is graded, is handled here, per student:
 
 from __future__ import annotations
 
+import collections
 import copy
 import json
 import os
@@ -44,11 +56,19 @@ import stat
 import warnings as _warnings
 from dataclasses import dataclass, field
 
-__all__ = ["Intake", "check_submission", "notebook_files", "parse_timestamp"]
+__all__ = ["Intake", "check_submission", "notebook_files", "parse_timestamp", "student_name_problem", "shown_name",
+           "duplicate_ids"]
 
 _MARKER = re.compile(r"^.*### (BEGIN|END) (SOLUTION|HIDDEN TESTS).*$\n?", re.M)
 _IGNORED_DIRS = {".ipynb_checkpoints", "__pycache__", "__MACOSX"}
-MAX_BYTES = 64 * 2**20  # a submitted notebook file
+# Bounds of one submission, each many times what a real notebook of the course needs (the largest release
+# notebook: 87 KB, 57 cells, 32 grading ids, about 1,500 JSON values; a student's saved outputs add to the size
+# and the values). Intake's time is linear in the file's size, so these bound it (a few seconds at most).
+MAX_BYTES = 16 * 2**20  # a submitted notebook file
+MAX_CELLS = 2_000  # cells of a notebook
+MAX_GRADE_IDS = 500  # distinct nbgrader grading ids of a notebook
+MAX_JSON_VALUES = 200_000  # JSON values of a notebook (what nbformat's validation walks, one by one)
+MAX_NAME_BYTES = 128  # a student's folder name, in UTF-8 (records and feedback folders are named by it)
 MAX_OUTPUT_CHARS = 20_000  # text kept of one output (feedback)
 MAX_OUTPUT_LINES = 200
 MAX_OUTPUT_DATA = 2 * 2**20  # one picture (base64) kept of an output
@@ -95,7 +115,7 @@ def _read_regular(path: str, name: str) -> tuple[bytes | None, str | None]:
     if what:
         return None, f"{name} is {what}, not a notebook file: submit the notebook itself"
     if st.st_size > MAX_BYTES:
-        return None, (f"{name} is {st.st_size / 2**20:.0f} MiB (at most {MAX_BYTES // 2**20} MiB are graded): "
+        return None, (f"{name} is {st.st_size / 2**20:.1f} MiB (at most {MAX_BYTES // 2**20} MiB are graded): "
                       f"clear the large outputs (Edit > Clear Outputs of All Cells) and submit again")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -109,6 +129,41 @@ def _read_regular(path: str, name: str) -> tuple[bytes | None, str | None]:
     if len(data) > MAX_BYTES:
         return None, f"{name} is over {MAX_BYTES // 2**20} MiB (at most that is graded)"
     return data, None
+
+
+def shown_name(name: str, limit: int = 40) -> str:
+    """`name` as it can be printed in a table or a message: escaped if it has characters that cannot be
+    printed (or are not UTF-8), cut to `limit` characters."""
+    try:
+        name.encode("utf-8")
+        ok = name.isprintable()
+    except UnicodeEncodeError:
+        ok = False
+    text = name if ok else ascii(name)[1:-1]
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def student_name_problem(name: str) -> str | None:
+    """Why a student's folder name cannot name their records, feedback folder and gradebook entry (None if it
+    can): longer than MAX_NAME_BYTES in UTF-8, not UTF-8, a character that cannot be printed, a leading dot."""
+    fix = "rename the student's folder in submitted/ and grade again"
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        return (f"the student folder name {shown_name(name)} is not valid UTF-8 (position {exc.start} of "
+                f"{len(name)}): {fix}")
+    if not name:
+        return f"the student folder name is empty: {fix}"
+    if size > MAX_NAME_BYTES:
+        return (f"the student folder name is {len(name):,} characters long ({size:,} bytes in UTF-8; at most "
+                f"{MAX_NAME_BYTES} bytes are graded: the records and feedback are named by it): {fix}")
+    odd = next(((i, c) for i, c in enumerate(name) if not c.isprintable()), None)
+    if odd is not None:
+        return (f"the student folder name {shown_name(name)} has a character that cannot be printed "
+                f"({ascii(odd[1])} at position {odd[0] + 1} of {len(name)}): {fix}")
+    if name.startswith("."):
+        return f"the student folder name {shown_name(name)} starts with a dot (a hidden file's name): {fix}"
+    return None
 
 
 def _folder_problem(folder: str) -> str | None:
@@ -164,6 +219,42 @@ def structure_problem(nb) -> str | None:
     return None
 
 
+def _count_values(value) -> int:
+    """How many JSON values `value` holds (itself included): linear, no recursion."""
+    n, stack = 0, [value]
+    while stack:
+        v = stack.pop()
+        n += 1
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return n
+
+
+def size_problem(nb, release_cells: int | None = None) -> str | None:
+    """Why `nb` (parsed JSON) is too large to take in (`MAX_CELLS`, `MAX_JSON_VALUES`), naming the limit and the
+    count; None if it is not. Linear in the size of `nb`; run before the format is validated."""
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        return None  # structure_problem names it
+    cells = len(nb["cells"])
+    if cells > MAX_CELLS:
+        of = f", the release has {release_cells}" if release_cells is not None else ""
+        return (f"it has {cells:,} cells (at most {MAX_CELLS:,} are graded{of}): delete the cells you added "
+                f"and submit again")
+    values = _count_values(nb)
+    if values > MAX_JSON_VALUES:
+        return (f"it holds {values:,} JSON values (lines, strings, numbers, lists, objects; at most "
+                f"{MAX_JSON_VALUES:,} are graded): clear the outputs (Edit > Clear Outputs of All Cells) and "
+                f"submit again")
+    return None
+
+
+def duplicate_ids(ids: list[str]) -> list[str]:
+    """The grading ids that appear more than once in `ids`, sorted: one pass (hashing each id once)."""
+    return sorted(g for g, n in collections.Counter(ids).items() if n > 1)
+
+
 def _meta(cell) -> dict:
     return (cell.get("metadata") or {}).get("nbgrader") or {}
 
@@ -184,7 +275,7 @@ def check_submission(folder: str, release: dict, release_name: str, others: dict
     `others` maps every other assignment to its release grade ids (to name a wrong notebook).
     """
     out = Intake(student=student or os.path.basename(os.path.dirname(folder.rstrip(os.sep))))
-    problem = _folder_problem(folder)
+    problem = student_name_problem(out.student) or _folder_problem(folder)
     if problem:
         out.reason = problem
         return out
@@ -213,6 +304,10 @@ def check_submission(folder: str, release: dict, release_name: str, others: dict
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         out.reason = f"{chosen} is not a valid notebook: {type(exc).__name__}: {str(exc)[:200]}"
         return out
+    problem = size_problem(nb, len(release.get("cells", [])))
+    if problem:
+        out.reason = f"{chosen} is too large to grade: {problem}"
+        return out
     problem = structure_problem(nb)
     if problem:
         out.reason = f"{chosen} is not a valid notebook: {problem}"
@@ -222,19 +317,26 @@ def check_submission(folder: str, release: dict, release_name: str, others: dict
     if stamp is not None:
         out.submitted_at = stamp.decode("utf-8", "replace").strip()[:64] or None
     ids = _grade_ids(nb)
-    dupes = sorted({g for g in ids if ids.count(g) > 1})
+    release_ids = set(_grade_ids(release))
+    distinct = set(ids)
+    if len(distinct) > MAX_GRADE_IDS:
+        out.reason = (f"{chosen} has {len(distinct):,} different grading ids (nbgrader's grade_id; at most "
+                      f"{MAX_GRADE_IDS:,} are graded, the release has {len(release_ids)}): submit the "
+                      f"assignment's notebook, with only the cells you added besides")
+        return out
+    dupes = duplicate_ids(ids)
     if dupes:
-        out.reason = (f"{chosen}: the cell(s) {', '.join(dupes)} appear more than once (a copied cell keeps its "
+        shown = ", ".join(dupes[:10]) + (f" and {len(dupes) - 10} more" if len(dupes) > 10 else "")
+        out.reason = (f"{chosen}: the cell(s) {shown} appear more than once (a copied cell keeps its "
                       f"grading id): delete the copies")
         return out
-    release_ids = set(_grade_ids(release))
     answers = {_meta(c)["grade_id"] for c in release["cells"] if _meta(c).get("solution")}
 
     def likeness(other: set) -> float:
-        return len(set(ids) & other) / max(1, len(set(ids) | other))
+        return len(distinct & other) / max(1, len(distinct | other))
 
     best = max(others, key=lambda a: likeness(others[a]), default=None)
-    if ids and (not set(ids) & answers or (best is not None and likeness(others[best]) > likeness(release_ids))):
+    if ids and (not distinct & answers or (best is not None and likeness(others[best]) > likeness(release_ids))):
         match = best if best is not None and likeness(others[best]) > 0 else None
         out.reason = (f"{chosen} is " + (f"assignment {match}'s notebook" if match else "another notebook")
                       + f", not {release_name}")

@@ -87,22 +87,25 @@ def _bwrap() -> str | None:
 _PROBE: dict = {}
 
 
-def sandbox_status() -> tuple[bool, str]:
-    """(usable, why): whether the sandbox works here and holds no privileges (probed once per process)."""
-    if "result" in _PROBE:
-        return _PROBE["result"]
+def sandbox_status(course_root: str | None = None) -> tuple[bool, str]:
+    """(usable, why): whether the sandbox works here and holds no privileges, and shows none of the files of
+    `course_root` (default: the working directory, the grading command's course root); probed once per process
+    and course root."""
+    key = os.path.realpath(course_root or os.getcwd())
+    if key in _PROBE:
+        return _PROBE[key]
     if _bwrap() is None:
         result = (False, "bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
     else:
         try:
-            facts = probe()
+            facts = probe(key)
             problems = probe_problems(facts)
             result = (not problems, "bubblewrap works: no capabilities, mount and user namespaces refused, a "
                                     "seccomp filter, nothing of the host's files but the runtime"
                       if not problems else "the sandbox is not safe to grade in: " + "; ".join(problems))
         except SandboxUnavailable as exc:
             result = (False, str(exc))
-    _PROBE["result"] = result
+    _PROBE[key] = result
     return result
 
 
@@ -728,7 +731,7 @@ class Sandbox:
             if _bwrap() is None:
                 raise SandboxUnavailable("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
             if check:
-                ok, why = sandbox_status()
+                ok, why = sandbox_status(self.root)
                 if not ok:
                     raise SandboxUnavailable(why)
             self.scratch = "/tmp/work"

@@ -247,7 +247,7 @@ def plot_plans(plans, *, hbm_bytes: float = H100_NODE.hbm_bytes, title: str = ""
         return None
     plans = list(plans)
     if not plans:
-        raise ValueError("plot_plans: no plans to draw")
+        raise ValueError(f"plot_plans: plans is empty ({plans!r}): nothing to draw")
     fig, (ax_m, ax_t) = new_figure(figsize=(12, 0.9 + 0.55 * len(plans)), ncols=2, sharey=True)
     labels = []
     drawn_hidden = False

@@ -714,6 +714,12 @@ def cp_comparison_table(*, seq: int, batch: int, hidden: int, kv_hidden: int, cp
     A markdown table (the README quotes it verbatim; a test regenerates it)."""
     from .hardware import H100_NODE
 
+    for name, value in (("seq", seq), ("batch", batch), ("hidden", hidden), ("kv_hidden", kv_hidden), ("cp", cp)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"cp_comparison_table: {name} must be a positive int, got {value!r}")
+    if seq % cp:
+        raise ValueError(f"cp_comparison_table: seq ({seq}) must be divisible by cp ({cp}): each rank holds s / cp "
+                         f"tokens")
     node = node or H100_NODE
     ring = cp_ring_bytes(seq, batch, kv_hidden, cp, bytes_per_element=bytes_per_element)
     uly = cp_ulysses_bytes(seq, batch, hidden, kv_hidden, cp, bytes_per_element=bytes_per_element)

@@ -129,6 +129,29 @@ def call_site(skip_files=()) -> str:
     return "(not called from your code)"
 
 
+def p2p_site() -> dict:
+    """Where the student's code posted the current send or receive, for the journal: `where` (as call_site
+    names it), `line` (that line's source) and `caller` (the next frame of the student's code outwards, if any),
+    so that a deadlock's report can quote the line that posted an op without a partner."""
+    import linecache
+
+    from autograder.runtime.report import describe_location, is_student_file
+
+    found = []
+    frame = sys._getframe(1)
+    while frame is not None and len(found) < 2:
+        code = frame.f_code
+        if is_student_file(code.co_filename):
+            found.append((code.co_filename, frame.f_lineno, getattr(code, "co_qualname", code.co_name)))
+        frame = frame.f_back
+    if not found:
+        return {"where": "(not called from your code)", "line": "", "caller": ""}
+    filename, lineno, name = found[0]
+    return {"where": describe_location(filename, lineno, name),
+            "line": linecache.getline(filename, lineno).strip(),
+            "caller": describe_location(*found[1]) if len(found) > 1 else ""}
+
+
 def _first_tensor(value):
     if isinstance(value, torch.Tensor):
         return value
@@ -227,7 +250,7 @@ class CollectiveAgreement(TorchDispatchMode):
         record = {"op": op, "peer": peer, "tag": int(by_name.get("tag", 0) or 0),
                   "shape": list(tensor.shape) if tensor is not None else [],
                   "dtype": str(tensor.dtype).replace("torch.", "") if tensor is not None else "",
-                  "where": call_site()}
+                  **p2p_site()}
         try:
             os.write(self._journal, (json.dumps(record) + "\n").encode())
         except OSError:

@@ -1112,42 +1112,100 @@ def _p2p_what(rec: dict) -> str:
 
 def _unmatched_p2p(workdir: str, world_size: int) -> str:
     """The sends and receives that had no partner when the ranks stopped, and matched pairs whose tensors
-    differ: from each rank's journal, the k-th send from a to b (same tag) pairs with b's k-th receive from a."""
+    differ: from each rank's journal, the k-th send from a to b (same tag) pairs with b's k-th receive from a.
+
+    Per rank, in the order it posted them (one op repeated on one channel from one line is one entry:
+    `sends #1-#4 to rank 3`); then, where a rank sent to a peer that waits for someone else, that pairing
+    (one of the two names the wrong peer); then each line of the student's code that posted one, quoted.
+    """
     sends: dict[tuple, list] = {}
     recvs: dict[tuple, list] = {}
     for rank in range(world_size):
-        for rec in _read_journal(os.path.join(workdir, f"rank{rank}.p2p")):
+        for seq, rec in enumerate(_read_journal(os.path.join(workdir, f"rank{rank}.p2p"))):
             peer = rec.get("peer")
             if not isinstance(peer, int):
                 continue  # a receive from any source: no channel to match it on
+            rec = dict(rec, seq=seq)
             if rec["op"] == "send":
                 sends.setdefault((rank, peer, rec.get("tag", 0)), []).append(rec)
             else:
                 recvs.setdefault((peer, rank, rec.get("tag", 0)), []).append(rec)
-    lines = []  # (the rank that posted it, order, text)
+    differ = []  # (rank, seq, text)
+    lone = []  # (rank, seq, op, peer, number, record, partner)
     for key in sorted(set(sends) | set(recvs)):
         src, dst, _ = key
         s, r = sends.get(key, []), recvs.get(key, [])
         for a, b in zip(s, r):
             if (a.get("shape"), a.get("dtype")) != (b.get("shape"), b.get("dtype")):
-                lines.append((src, 0, f"  rank {src} sends {_p2p_what(a)} to rank {dst} (at {a.get('where')}), "
-                                      f"but rank {dst} receives {_p2p_what(b)} from rank {src} (at {b.get('where')})"))
+                differ.append((src, a["seq"], f"  rank {src} sends {_p2p_what(a)} to rank {dst} (at {a.get('where')}), "
+                                              f"but rank {dst} receives {_p2p_what(b)} from rank {src} "
+                                              f"(at {b.get('where')})"))
         for i, a in enumerate(s[len(r):], len(r) + 1):
             partner = f"rank {dst} never receives from rank {src}" if not r else \
                 f"rank {dst} posted only {len(r)} receive(s) from rank {src}"
-            lines.append((src, 1, f"  rank {src}: send #{i} to rank {dst} ({_p2p_what(a)}) at {a.get('where')}: "
-                                  f"{partner}"))
+            lone.append((src, a["seq"], "send", dst, i, a, partner))
         for i, b in enumerate(r[len(s):], len(s) + 1):
             partner = f"rank {src} never sends to rank {dst}" if not s else \
                 f"rank {src} posted only {len(s)} send(s) to rank {dst}"
-            lines.append((dst, 1, f"  rank {dst}: receive #{i} from rank {src} ({_p2p_what(b)}) at "
-                                  f"{b.get('where')}: {partner}"))
-    if not lines:
+            lone.append((dst, b["seq"], "recv", src, i, b, partner))
+    if not differ and not lone:
         return ""
-    text = [t for _, _, t in sorted(lines, key=lambda x: (x[0], x[1]))]
-    return ("Sends and receives without a partner when the ranks stopped (global ranks; the k-th send from a "
-            "to b pairs with b's k-th receive from a):\n" + "\n".join(text[:12])
-            + (f"\n  ... and {len(text) - 12} more" if len(text) > 12 else ""))
+    lone.sort(key=lambda x: (x[0], x[1]))
+    runs: list[list] = []  # the lone ops of one rank on one channel from one line, numbered in a row: one entry
+    open_runs: dict[tuple, list] = {}
+    for item in lone:
+        rank, _, op, peer, number, rec, partner = item
+        key = (rank, op, peer, partner, rec.get("tag"), str(rec.get("shape")), rec.get("dtype"), rec.get("where"))
+        run = open_runs.get(key)
+        if run is not None and run[-1][4] + 1 == number:
+            run.append(item)
+        else:
+            open_runs[key] = [item]
+            runs.append(open_runs[key])
+    lines = [t for _, _, t in sorted(differ)]
+    for run in runs:
+        rank, _, op, peer, first, rec, partner = run[0]
+        last = run[-1][4]
+        if op == "send":
+            what = f"send #{first} to" if len(run) == 1 else f"sends #{first}-#{last} to"
+        else:
+            what = f"receive #{first} from" if len(run) == 1 else f"receives #{first}-#{last} from"
+        lines.append(f"  rank {rank}: {what} rank {peer} ({_p2p_what(rec)}) at {rec.get('where')}: {partner}")
+    shown = lines[:16]
+    if len(lines) > 16:
+        shown.append(f"  ... and {len(lines) - 16} more")
+    # a send that went to a rank which waits for another sender: the likely wrong peer, either side
+    crossed, seen = [], set()
+    for rank, _, op, peer, _, rec, _ in lone:
+        if op != "send":
+            continue
+        for other in lone:
+            o_rank, _, o_op, o_peer, _, o_rec, _ = other
+            if o_op != "recv" or o_rank != peer or o_peer == rank or \
+                    (o_rec.get("tag"), o_rec.get("shape"), o_rec.get("dtype")) != \
+                    (rec.get("tag"), rec.get("shape"), rec.get("dtype")):
+                continue
+            pair = (rec.get("where"), o_rec.get("where"))
+            if pair not in seen and len(crossed) < 3:
+                seen.add(pair)
+                where = (f"the send (at {rec.get('where')}) or the receive (at {o_rec.get('where')})"
+                         if pair[0] != pair[1] else f"the send or the receive (both at {pair[0]})")
+                crossed.append(f"  rank {rank} sends to rank {peer}, which waits to receive from rank {o_peer} instead "
+                               f"({_p2p_what(rec)} on both sides): {where} names the wrong peer")
+            break
+    quoted, where_seen = [], set()
+    for _, _, _, _, _, rec, _ in sorted(lone, key=lambda x: (x[2] != "send", x[0], x[1])):
+        where = rec.get("where")
+        if not rec.get("line") or where in where_seen:
+            continue
+        where_seen.add(where)
+        caller = f" (called from {rec['caller']})" if rec.get("caller") else ""
+        quoted.append(f"  {where}{caller}\n    {rec['line']}")
+    text = ("Sends and receives without a partner when the ranks stopped (global ranks; the k-th send from a "
+            "to b pairs with b's k-th receive from a):\n" + "\n".join(shown + crossed))
+    if quoted:
+        text += "\nThe lines of your code that posted them (sends first):\n" + "\n".join(quoted[:6])
+    return text
 
 
 _RUNNER_MARK = "  (rank started by autograder.runtime.dist.run_distributed)"

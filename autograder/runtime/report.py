@@ -18,7 +18,8 @@ Each notebook's set-up cell ends with `course_notebook({"Exercise 3": ["ring_att
 (its builder writes it): a stub is then named with the exercise that owns it even in another exercise's test
 ("Exercise 3 is not done yet: ... This test uses it: implement Exercise 3 first"), and in a Jupyter kernel a
 picture or scratch cell shows the course's errors (a failed run, a check's verdict, a stub) as a test cell
-does. A spawned rank (macOS) names the kernel's cells as the kernel does (`student_sources`, `install_sources`).
+does, and a ValueError by which a course function refuses an argument in one line led by that function
+(`ValueError: plot_dispatch: num_experts (8) must be divisible by world_size (3), the EP size`). A spawned rank (macOS) names the kernel's cells as the kernel does (`student_sources`, `install_sources`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+import re
 import sys
 import sysconfig
 import time
@@ -186,7 +188,8 @@ def course_notebook(exercises: dict) -> None:
     cells define, `{"Exercise 3": ["ring_attention_forward", ...], ...}`, so that a test (or a picture) that uses
     a function still a stub names the exercise that owns it, not its own. In a Jupyter kernel it also makes
     every cell, scratch and picture cells included, show the course's errors as the test cells do: the verdict
-    and the student's own lines, never the course's frames (`show_internals` shows everything).
+    and the student's own lines, never the course's frames (`show_internals` shows everything); a course
+    function's ValueError (an argument it refuses) is one line, led by the function the cell called.
     """
     _EXERCISE_OF.clear()
     for label, names in exercises.items():
@@ -219,7 +222,8 @@ def _stub_text(stub: str, label: str | None) -> str:
 
 def render_outside_check(exc: BaseException) -> list[str] | None:
     """What a scratch or picture cell shows for one of the course's errors (a failed run, a check's verdict, a
-    stub reached through the course's code): the verdict and the student's frames, as a test cell shows them.
+    stub reached through the course's code, a ValueError raised by the course's code): the verdict and the
+    student's frames, as a test cell shows them (a course function called straight from the cell: one line).
     None for any other error (the student's own, shown as Python shows it)."""
     if internals_shown():
         return None
@@ -230,12 +234,64 @@ def render_outside_check(exc: BaseException) -> list[str] | None:
 
     if isinstance(exc, CheckFailure) or _is_distributed_error(exc):
         return _render(exc, str(exc))
+    if isinstance(exc, ValueError) and _raised_by_course(exc.__traceback__):
+        return _render(exc, _argument_text(exc))
     return None
+
+
+def _is_course_file(filename: str) -> bool:
+    return bool(filename) and not filename.startswith("<") and \
+        os.path.abspath(filename).startswith(_PKG_DIR + os.sep)
+
+
+def _raised_by_course(tb) -> bool:
+    """Whether the innermost frame of a traceback that is not the standard library's or an installed package's
+    is the course's own code (a course function refusing an argument, or a library it called refusing one),
+    not the student's."""
+    last = None
+    for fs in traceback.extract_tb(tb):
+        if _is_course_file(fs.filename):
+            last = "course"
+        elif is_student_file(fs.filename):
+            last = "student"
+    return last == "course"
+
+
+def _course_entry(tb) -> str:
+    """The course function the student's code called (the outermost frame of the course's code)."""
+    for fs in traceback.extract_tb(tb):
+        if _is_course_file(fs.filename):
+            return fs.name
+    return ""
+
+
+_NAMED = re.compile(r"^[A-Za-z_][\w.]*(\(.*?\))?: ")
+
+
+def _argument_text(exc: BaseException) -> str:
+    """A course function's ValueError as a picture or scratch cell shows it: led by the function the cell called
+    (`plot_dispatch: num_experts (8) must be divisible by world_size (3), the EP size`). A check's own word for
+    its arguments, `check parameters:`, becomes that function's name: in such a cell they are the student's."""
+    text = str(exc)
+    entry = _course_entry(exc.__traceback__)
+    if not entry or entry.startswith("_"):
+        return text
+    if text.startswith("check parameters: "):
+        return f"{entry}: {text[len('check parameters: '):]}"
+    if not _NAMED.match(text):
+        return f"{entry}: {text}"
+    return text
 
 
 def _is_distributed_error(exc: BaseException) -> bool:
     """autograder.runtime.dist.DistributedError (which imports this module: named, not imported)."""
     return isinstance(exc, RuntimeError) and type(exc).__name__ == "DistributedError" and hasattr(exc, "failures")
+
+
+def _is_inconclusive(exc: BaseException) -> bool:
+    """autograder.runtime.dist.InconclusiveRun (named, not imported: dist imports this module)."""
+    return any(t.__name__ == "InconclusiveRun" and t.__module__ == "autograder.runtime.dist"
+               for t in type(exc).__mro__)
 
 
 def _display_hook(shell, etype, value, tb, tb_offset=None):
@@ -259,8 +315,9 @@ def _install_display_hook() -> None:
         return
     from autograder.runtime.compare import CheckFailure
 
-    # RuntimeError: DistributedError's base; any other error of these types is shown as IPython shows it
-    shell.set_custom_exc((RuntimeError, CheckFailure, NotImplementedError), _display_hook)
+    # RuntimeError: DistributedError's base; ValueError: a course function refusing the student's argument (one
+    # line); any other error of these types (the student's own) is shown as IPython shows it
+    shell.set_custom_exc((RuntimeError, CheckFailure, NotImplementedError, ValueError), _display_hook)
 
 
 def _render(exc: BaseException, text: str) -> list[str]:
@@ -317,9 +374,7 @@ def checking(label: str, what: str):
     except BaseException as exc:  # noqa: BLE001 - re-raised below, never swallowed
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
-        from autograder.runtime.dist import InconclusiveRun
-
-        if isinstance(exc, InconclusiveRun):  # the machine's fault, not a verdict: said so, first
+        if _is_inconclusive(exc):  # the machine's fault, not a verdict: said so, first
             text = f"{label} \u00b7 {what}: NOT DECIDED (not a verdict on your code)\n{exc}"
             exc.args = (text,)
             _attach_rendering(exc, text)
