@@ -56,7 +56,7 @@ import warnings
 
 __all__ = ["grade_class", "merge_results", "course_lock", "read_results", "result_path", "ClassRunError",
            "submissions", "shard_of", "shard_path", "backup_gradebook", "grader_fingerprint", "write_gradebook",
-           "no_sandbox_message"]
+           "no_sandbox_message", "gradebook_holds", "ensure_gradebook"]
 
 # graded/<assignment>/ holds the students' records, <student>.json (and <student>.json.tmp while one is written),
 # and the grader's own files in SHARDS/, a name no record can take (a record's name ends in .json)
@@ -188,9 +188,13 @@ def submissions(root: str, assignment: str) -> list[str]:
                   if not s.startswith(".") and os.path.isdir(os.path.join(base, s, assignment)))
 
 
-def shard_of(student: str, count: int) -> int:
-    """The shard (0-based) a student belongs to: stable as the class grows, the same on every machine."""
-    return int(hashlib.sha256(student.encode("utf-8", "surrogateescape")).hexdigest(), 16) % count
+def shard_of(students: list[str], index: int, count: int) -> list[str]:
+    """The students of shard `index` (1-based) of `count`: round-robin over the sorted list (shard i gets the
+    i-th, (i+N)-th, ... student), so shard sizes differ by at most one, and every machine that lists the same
+    submitted/ computes the same split. Every entry point (`--shard I/N`, `slurm/N`, `k8s/N`) comes here."""
+    if not 1 <= index <= count:
+        raise ValueError(f"shard {index}/{count}: the index must be between 1 and {count}")
+    return sorted(students)[index - 1::count]
 
 
 # ---------------------------------------------------------------------------
@@ -599,7 +603,7 @@ def grade_class(root: str, assignment: str, *, jobs: int | None = None, shard: t
     everyone = students if students is not None else submissions(root, assignment)
     if shard is not None:
         index, count = shard
-        everyone = [s for s in everyone if shard_of(s, count) == index - 1]
+        everyone = shard_of(everyone, index, count)
     previous = read_results(root, assignment)
     # scratch space for each submission's runs: AUTOGRADER_WORKDIR (a large, fast disk), else the temp folder
     scratch = os.environ.get("AUTOGRADER_WORKDIR") or None
@@ -865,6 +869,80 @@ def merge_results(root: str, files: list[str]) -> list[dict]:
 # The gradebook: the main process is its only writer
 # ---------------------------------------------------------------------------
 
+def _gradebook_state(db: str, assignment: str) -> tuple[set[str] | None, bool]:
+    """(the tables of sqlite file `db`, or None where there is none; whether it holds `assignment` with its
+    notebook), read only: never creates the file (opening nbgrader's Gradebook on a missing file does)."""
+    import pathlib
+    import sqlite3
+
+    if not os.path.isfile(db):
+        return None, False
+    try:
+        con = sqlite3.connect(pathlib.Path(db).absolute().as_uri() + "?mode=ro", uri=True, timeout=60)
+        try:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            held = {"alembic_version", "assignment", "notebook"} <= tables and con.execute(
+                "SELECT 1 FROM assignment a JOIN notebook n ON n.assignment_id = a.id WHERE a.name = ?",
+                (assignment,)).fetchone() is not None
+            return tables, held
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return None, False
+
+
+def gradebook_holds(root: str, assignment: str) -> bool:
+    """Whether root/gradebook.db is a whole nbgrader gradebook (alembic's version stamped) holding `assignment`."""
+    return _gradebook_state(os.path.join(root, "gradebook.db"), assignment)[1]
+
+
+def ensure_gradebook(root: str, assignment: str, log=print) -> bool:
+    """Make gradebook.db hold `assignment` as `make build` leaves it, if it does not yet (a fresh clone:
+    release/ and source/ are committed, the gradebook is not). The caller holds the course's lock.
+
+    nbgrader's generate_assignment of source/<assignment> runs in a scratch folder beside the gradebook, on a
+    copy of it (its other assignments and grades kept), with this interpreter's bin/ first on PATH (nbgrader
+    runs `alembic` from PATH); the result replaces gradebook.db in one rename, after a backup: a failure
+    leaves the gradebook as it was, never half-made. True when it was made or changed."""
+    if gradebook_holds(root, assignment):
+        return False
+    src = os.path.join(root, "source", assignment)
+    if not glob.glob(os.path.join(src, "*.ipynb")):
+        raise ClassRunError(f"{assignment} is not in the gradebook and there is no source/{assignment}/*.ipynb "
+                            f"to add it from: run `make build` in the course root first")
+    db = os.path.join(root, "gradebook.db")
+    tables = _gradebook_state(db, assignment)[0]
+    whole = bool(tables) and "alembic_version" in tables  # else none, or half-made by nbgrader without alembic
+    work = tempfile.mkdtemp(prefix=".gradebook-", dir=root)
+    try:
+        shutil.copy2(os.path.join(root, "nbgrader_config.py"), work)
+        shutil.copytree(src, os.path.join(work, "source", assignment))
+        if whole:  # keep what it holds
+            import sqlite3
+
+            con, dst = sqlite3.connect(db, timeout=60), sqlite3.connect(os.path.join(work, "gradebook.db"))
+            try:
+                con.backup(dst)
+            finally:
+                con.close()
+                dst.close()
+        exe = os.path.join(os.path.dirname(sys.executable), "nbgrader")
+        proc = subprocess.run([exe if os.path.exists(exe) else "nbgrader", "generate_assignment", assignment,
+                               "--force", "--log-level=ERROR"], cwd=work, env=_nbgrader_env(root),
+                              capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0 or not gradebook_holds(work, assignment):
+            raise ClassRunError(f"could not add {assignment} to the gradebook (nbgrader generate_assignment of "
+                                f"source/{assignment}, exit {proc.returncode}); gradebook.db is unchanged:\n"
+                                f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        backup_gradebook(root)
+        os.replace(os.path.join(work, "gradebook.db"), db)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    log(f"gradebook.db: {'now holds ' + assignment if whole else 'made'} "
+        f"(nbgrader generate_assignment of source/{assignment}, as `make build` does; no grades yet)")
+    return True
+
+
 def write_gradebook(root: str, assignment: str, records: list[dict]) -> None:
     """Scores per cell into nbgrader's gradebook; flags as "needs manual grade" and a comment."""
     from nbgrader.api import Gradebook, MissingEntry
@@ -875,6 +953,7 @@ def write_gradebook(root: str, assignment: str, records: list[dict]) -> None:
     records = [r for r in records if not student_name_problem(r["student"])]
     if not records:
         return
+    ensure_gradebook(root, assignment)  # never a half-made gradebook.db (nbgrader's own creation needs alembic)
     notebook_id = os.path.splitext(os.path.basename(release_notebook(root, assignment)))[0]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # SQLAlchemy's "not in session" notes from nbgrader's own queries
