@@ -362,6 +362,10 @@ def _merge(root: str, files: list[str]) -> list[dict]:
 
 
 def main(argv=None) -> int:
+    # nbgrader runs `alembic` from PATH when it makes or upgrades a gradebook: the one beside this interpreter
+    here = os.path.dirname(sys.executable)
+    if here not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = here + os.pathsep + os.environ.get("PATH", "")
     parser = argparse.ArgumentParser(prog="python -m autograder.grade", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
 
