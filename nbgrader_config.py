@@ -55,11 +55,14 @@ c.Autograde.autograde_preprocessors = [Execute, IgnorePattern, ClearMetadataPrep
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor  # noqa: E402
 from nbgrader.preprocessors import ClearHiddenTests, GetGrades  # noqa: E402
 
-from autograder.grading.nbgrader_plugins import HideTestTracebacks, WrapOutputLines  # noqa: E402
+from autograder.grading.nbgrader_plugins import HideTestTracebacks, SafeFeedbackExporter, WrapOutputLines  # noqa: E402
 
 # WrapOutputLines after CSSHTMLHeaderPreprocessor (which sets the page's inlined CSS): long lines wrap.
 c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, HideTestTracebacks, CSSHTMLHeaderPreprocessor,
                                     WrapOutputLines]
+# The instructor opens the feedback in a browser: what the student wrote (markdown, the HTML of outputs) is made
+# inert there (no script, event attribute or javascript: link). The grading command sets it whatever this says.
+c.GenerateFeedback.exporter_class = SafeFeedbackExporter
 
 # An LMS download: `nbgrader zip_collect ASSIGNMENT` collects a Canvas "Download Submissions" zip put in
 # downloaded/ASSIGNMENT/archive/ into submitted/<login>/ASSIGNMENT/. Canvas names each file

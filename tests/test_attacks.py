@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from autograder.grading.feedback import MAX_FEEDBACK_CHARS, MAX_RECORD_CHARS, page_chars
 from grading_course import (A, KEEP, edit, env, gradebook, make_mini_course, needs_sandbox, notebook_name, records,
                             reference, release, run_grade, write_submission)
 from test_forged_verdicts import REBIND_THE_RUNNER, REPLACE_THE_RUNNERS_CODE
@@ -244,8 +245,21 @@ CASES = [
                                                                  notebook_name(course)))),
     Case("folder_links_to_a_classmate", "untouched", reason="is a symbolic link",
          notebook=lambda course: Special("folder-symlink", os.path.join(course, "submitted", "honest-reference", A))),
-    Case("fifty_megabytes_saved_in_an_output", "reference", expected=12,
-         notebook=lambda course: _with_saved_output(reference(course), "x" * 50_000_000)),
+    # (intake refuses a notebook over 16 MiB with the reason: 10 MB saved in one output is graded, the output capped)
+    Case("ten_megabytes_saved_in_an_output", "reference", expected=12,
+         notebook=lambda course: _with_saved_output(reference(course), "x" * 10_000_000)),
+    # -- the feedback page, which the instructor opens in a browser (formgrader) ------------------------------------
+    Case("scripts_in_markdown_and_outputs", "reference", expected=12,
+         notebook=lambda course: _with_active_content(reference(course))),
+    # 2,000 outputs, each within intake's cap of one output: 8 MB in all, twice the page's cap
+    Case("thousands_of_large_outputs", "reference", expected=12,
+         notebook=lambda course: _with_many_outputs(reference(course), cells=10, per_cell=200, chars=4_000)),
+    Case("cell_with_an_empty_grade_id", "reference", expected=12,
+         notebook=lambda course: _with_unnamed_graded_cell(reference(course))),
+    # -- a fault of the student's own: the answer cell does not compile ----------------------------------------------
+    Case("unclosed_parenthesis_in_an_answer_cell", "reference", expected=0,
+         notebook=lambda course: edit(reference(course), CELL, lambda s: s.replace(*UNCLOSED)),
+         message="SyntaxError: '(' was never closed (answer cell of Exercise 1 (tp_mappings), line "),
 ]
 
 
@@ -271,6 +285,58 @@ def _with_saved_output(nb: dict, text: str) -> dict:
     nb["cells"].append({"cell_type": "code", "metadata": {}, "execution_count": 1, "source": "print('x' * 50_000_000)",
                         "outputs": [{"output_type": "stream", "name": "stdout", "text": text}]})
     return nb
+
+
+# what a student's notebook can carry that runs in a browser: a script, an event attribute, a javascript: link, in
+# markdown (raw HTML and markdown's own link) and in outputs (text/html, text/markdown, SVG, JavaScript)
+ALERT = "alert(document.cookie)"
+ACTIVE_MARKDOWN = (f"## My notes <script>{ALERT}</script>\n\n<img src=x onerror=\"{ALERT}\">\n\n"
+                   f"[a link](javascript:{ALERT}) and <a href=\"javascript:{ALERT}\">another</a>\n\n"
+                   f"<iframe src=\"javascript:{ALERT}\"></iframe><svg onload=\"{ALERT}\"></svg>")
+ACTIVE_OUTPUTS = [
+    {"output_type": "display_data", "metadata": {},
+     "data": {"text/html": f"<b onmouseover=\"{ALERT}\">hover</b><script>{ALERT}</script>", "text/plain": "hover"}},
+    {"output_type": "display_data", "metadata": {},
+     "data": {"image/svg+xml": f"<svg xmlns='http://www.w3.org/2000/svg'><script>{ALERT}</script></svg>"}},
+    {"output_type": "display_data", "metadata": {}, "data": {"application/javascript": ALERT, "text/plain": "js"}},
+    {"output_type": "display_data", "metadata": {},
+     "data": {"text/markdown": f"[click](javascript:{ALERT}) <form action=x><input name=y></form>"}},
+    {"output_type": "execute_result", "execution_count": 1, "metadata": {},
+     "data": {"text/html": f"<a href=\"javascript:{ALERT}\">result</a>", "text/plain": "result"}},
+]
+
+
+def _with_active_content(nb: dict) -> dict:
+    nb = copy.deepcopy(nb)
+    nb["cells"][1:1] = [
+        {"cell_type": "markdown", "id": "my-notes", "metadata": {}, "source": ACTIVE_MARKDOWN},
+        {"cell_type": "code", "id": "my-display", "metadata": {}, "execution_count": 1, "source": "show()",
+         "outputs": copy.deepcopy(ACTIVE_OUTPUTS)}]
+    return nb
+
+
+def _with_many_outputs(nb: dict, *, cells: int, per_cell: int, chars: int) -> dict:
+    nb = copy.deepcopy(nb)
+    line = "y" * 99 + "\n"
+    for i in range(cells):
+        nb["cells"].append({"cell_type": "code", "id": f"loop-{i}", "metadata": {}, "execution_count": i + 1,
+                            "source": f"for _ in range({per_cell}):\n    print('y' * 99 * {chars // 100})",
+                            "outputs": [{"output_type": "stream", "name": "stdout", "text": line * (chars // 100)}
+                                        for _ in range(per_cell)]})
+    return nb
+
+
+def _with_unnamed_graded_cell(nb: dict) -> dict:
+    """A cell of the student's, marked as a graded test cell with an empty grading id (and a saved pass)."""
+    nb = copy.deepcopy(nb)
+    nb["cells"].append({"cell_type": "code", "id": "unnamed", "execution_count": 1, "source": "print('my own test')",
+                        "metadata": {"nbgrader": {"grade": True, "solution": False, "locked": False, "points": 6,
+                                                  "grade_id": "", "schema_version": 3}},
+                        "outputs": [{"output_type": "stream", "name": "stdout", "text": "my own test passed\n"}]})
+    return nb
+
+
+UNCLOSED = ("return _reduce(grad_output, ctx.group), None", "return _reduce(grad_output, ctx.group, None")
 
 
 def _retag(nb: dict, grade_id: str, **changes) -> dict:
@@ -417,7 +483,8 @@ def test_each_case_gets_its_honest_score(graded, case):
     feedback = os.path.join(course, "feedback", _student(case), A, notebook_name(course).replace(".ipynb", ".html"))
     assert os.path.exists(feedback), "no feedback"
     html = open(feedback, encoding="utf-8").read()
-    assert len(html) < 3_000_000, f"feedback of {len(html)} characters"
+    assert page_chars(html) <= MAX_FEEDBACK_CHARS, f"feedback of {len(html)} characters"
+    assert len(json.dumps(rec)) <= MAX_RECORD_CHARS, f"a record of {len(json.dumps(rec))} characters"
     for secret in ["### BEGIN SOLUTION", "BEGIN HIDDEN TESTS", "NETWORK_REACHED", *_secrets(course)]:
         assert secret not in html, f"the feedback of {case.name} shows {secret!r}"
     for path in (course, sys.prefix, os.path.realpath(sys.base_prefix), env(course)["AUTOGRADER_WORKDIR"]):
@@ -435,6 +502,103 @@ def _secrets(course: str) -> list[str]:
         first = f.readline().strip().strip('"')
     source = nbformat.read(os.path.join(course, "source", A, notebook_name(course)), as_version=4)
     return [first] + [line for line in secret_lines(source)[1] if len(line) > 20]
+
+
+def _feedback_page(course: str, case: str) -> str:
+    """The feedback page of a case's student (`case`: its name, e.g. "thousands_of_large_outputs")."""
+    name = notebook_name(course).replace(".ipynb", ".html")
+    with open(os.path.join(course, "feedback", case.replace("_", "-"), A, name), encoding="utf-8") as f:
+        return f.read()
+
+
+class _Active(__import__("html.parser").parser.HTMLParser):
+    """What in a page would run in a browser: script-like elements, event attributes, javascript: URLs."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.found = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag in ("script", "iframe", "object", "embed", "svg", "form", "base", "meta", "link", "style"):
+            self.found.append(f"<{tag}>")
+        for name, value in attrs:
+            if name.startswith("on"):
+                self.found.append(f"<{tag} {name}=...>")
+            if name in ("href", "src", "action", "formaction", "data") and value and \
+                    "".join(value.split()).lower().startswith(("javascript:", "vbscript:", "data:text")):
+                self.found.append(f"<{tag} {name}={value[:40]}>")
+
+
+def _active_in_body(page: str) -> list[str]:
+    """The active content of a feedback page's body (its head is the template's: styles and MathJax)."""
+    parser = _Active()
+    parser.feed(page[page.index("<body"):])
+    return parser.found
+
+
+def test_what_the_student_wrote_runs_nowhere_in_the_feedback_and_the_verdicts_stay(graded):
+    """Markdown and outputs with <script>, onerror= and javascript: links: shown as text, never active; the
+    instructor-visible verdicts are as the grader wrote them."""
+    course, recs, _, _ = graded
+    page = _feedback_page(course, "scripts_in_markdown_and_outputs")
+    assert _active_in_body(page) == [], _active_in_body(page)
+    assert page.count("<script") == page[:page.index("<body")].count("<script"), "a script in the page's body"
+    import html as _html
+
+    text = _html.unescape(page)
+    assert f"<script>{ALERT}</script>" in text, "what the student wrote is no longer shown (as text)"
+    assert "## My notes" not in text and "My notes" in text, "the student's markdown is no longer rendered"
+    rec = recs["scripts-in-markdown-and-outputs"]
+    for c in rec["cells"]:  # the trusted verdicts, passing here: as the grader wrote them
+        assert c["passed"] and c["message"] in page, c["message"]
+
+
+def test_thousands_of_large_outputs_keep_the_feedback_and_the_record_under_their_caps(graded):
+    """2,000 outputs, each within intake's cap: the page and the record stay under their caps, the largest outputs
+    left out first, each with a note where it was, one note at the top and one in the table."""
+    course, recs, _, stdout = graded
+    rec = recs["thousands-of-large-outputs"]
+    page = _feedback_page(course, "thousands_of_large_outputs")
+    assert page_chars(page) <= MAX_FEEDBACK_CHARS and len(json.dumps(rec)) <= MAX_RECORD_CHARS
+    assert page_chars(page) > MAX_FEEDBACK_CHARS // 2, "more was left out than the cap asks"
+    note = next(w for w in rec["warnings"] if w.startswith("the feedback leaves out "))
+    assert " outputs of the notebook's cells (" in note and "capped at 4.0 MB" in note, note
+    assert "<strong>Note:</strong> The feedback leaves out " in page
+    assert page.count("not shown: the feedback page is capped at 4.0 MB") >= 1
+    assert "note: the feedback leaves out" in " ".join(stdout.split())  # the table
+    for c in rec["cells"]:
+        assert c["passed"] and c["message"] in page, c["message"]
+
+
+def test_a_cell_with_an_empty_grade_id_gets_feedback_as_a_cell_of_the_students(graded):
+    course, recs, _, _ = graded
+    rec = recs["cell-with-an-empty-grade-id"]
+    assert rec["feedback_html"] and sum(c["points"] for c in rec["cells"] if c["grade_id"] in KEEP) == 12
+    assert "a cell marked for grading without a grading id (grade_id ''): kept, not graded" in rec["warnings"]
+    page = _feedback_page(course, "cell_with_an_empty_grade_id")
+    assert "my own test passed" in page and '<a name=""' not in page  # shown as the student's cell, not graded
+
+
+def test_an_unclosed_parenthesis_is_named_with_its_cell_and_line_in_the_record_the_table_and_the_feedback(graded):
+    """The answer cell does not compile: every test that needed its functions says so first (the cell as the
+    notebook names it, the line, the SyntaxError), not only `name ... is not defined`."""
+    import html as _html
+
+    course, recs, _, stdout = graded
+    cell = next(c for c in reference(course)["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == CELL)
+    source = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+    line = next(i for i, text in enumerate(source.splitlines(), 1) if UNCLOSED[0] in text)
+    first = f"SyntaxError: '(' was never closed (answer cell of Exercise 1 (tp_mappings), line {line})"
+    rec = recs["unclosed-parenthesis-in-an-answer-cell"]
+    for c in rec["cells"]:
+        if c["grade_id"] not in KEEP:
+            continue  # (the argument-error cell needs the broken cell's functions too)
+        assert c["message"].startswith(first + "\n    " + UNCLOSED[1]), c["message"][:400]
+        assert "was never defined:\nNameError: Exercise 1 " in c["message"], c["message"][:600]
+    lost = [c["grade_id"] for c in rec["cells"] if c["message"].startswith(first)]
+    assert f"note: {', '.join(lost)}: {first}" in " ".join(stdout.split())  # the table
+    page = _html.unescape(_feedback_page(course, "unclosed_parenthesis_in_an_answer_cell"))
+    assert page.count(first) == 1 + len(lost), "the answer cell and each test cell name the error"
 
 
 def test_the_honest_reference_among_them_gets_full_marks(graded):

@@ -603,17 +603,56 @@ def test_the_nccl_cases_say_why_they_are_skipped_in_one_line(course):
     assert proc.returncode != 0 and "--nccl on, but no CUDA device on this machine" in proc.stderr
 
 
-def test_the_gpu_node_script_stops_at_once_saying_why_without_gpus():
-    """cluster/gpu-check.sh, as an instructor runs it: on a machine without CUDA devices it stops before
-    building or grading anything, with the reason (on a GPU node it grades make demo's class with --nccl on)."""
-    from course import ROOT
+def _tree_sums(root: str, *names: str) -> dict[str, str]:
+    """relative path -> sha256 of every file under root/<name> (a file or a folder)."""
+    import hashlib
 
+    out = {}
+    for name in names:
+        top = os.path.join(root, name)
+        paths = [top] if os.path.isfile(top) else [os.path.join(d, f) for d, _, fs in os.walk(top) for f in fs]
+        for path in paths:
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def test_the_gpu_node_script_stops_at_once_saying_why_without_gpus(tmp_path):
+    """cluster/gpu-check.sh, as an instructor runs it, in a copy of a course in use (a gradebook, records,
+    feedback): on this machine's CPU-only torch it stops at once with exit status 2, saying it is a CPU-only
+    build and which wheel to install, and builds and grades nothing; the course's gradebook.db, graded/ and
+    feedback/ are byte for byte as before, and no scratch copy is left in the temporary folder."""
+    import torch
+
+    from course import VENV_BIN, copy_course
+
+    root = copy_course(str(tmp_path / "course"))
+    os.symlink(os.path.dirname(VENV_BIN), os.path.join(root, ".venv"))
+    for rel, text in (("gradebook.db", "the course's gradebook"), (f"graded/{A}/alice.json", '{"score": 12}'),
+                      (f"feedback/alice/{A}/tensor_parallel_lab.html", "<html>feedback</html>")):
+        os.makedirs(os.path.dirname(os.path.join(root, rel)) or root, exist_ok=True)
+        with open(os.path.join(root, rel), "w") as f:
+            f.write(text)
+    before = _tree_sums(root, "gradebook.db", "graded", "feedback")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     t0 = time.monotonic()
-    proc = subprocess.run(["bash", os.path.join(ROOT, "cluster", "gpu-check.sh")], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "MAKEFLAGS": ""})
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "GPU node check: no CUDA device on this machine" in proc.stdout
-    assert time.monotonic() - t0 < 120
+    proc = subprocess.run(["bash", os.path.join(root, "cluster", "gpu-check.sh")], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "MAKEFLAGS": "", "TMPDIR": str(scratch)})
+    took = time.monotonic() - t0
+    out = proc.stdout + proc.stderr
+    if torch.version.cuda is None:  # this machine: PyTorch's CPU wheel
+        assert proc.returncode == 2, out
+        assert f"GPU node check: stopped: this torch ({torch.__version__}) is a CPU-only build" in proc.stdout, out
+        assert "--index-url https://download.pytorch.org/whl/cu" in proc.stdout, out
+    elif torch.cuda.device_count() == 0:
+        assert proc.returncode == 2 and "build but sees no CUDA device" in proc.stdout, out
+    else:
+        pytest.skip("this machine has a GPU: cluster/gpu-check.sh is the GPU node's check (run it by hand)")
+    assert "Nothing was built or graded." in proc.stdout and "Traceback" not in out, out
+    assert took < 120, f"it stops at once ({took:.0f} s)"
+    assert _tree_sums(root, "gradebook.db", "graded", "feedback") == before, "the course's results are untouched"
+    assert not os.path.exists(os.path.join(root, "submitted")) and os.listdir(scratch) == []
 
 
 def _with_saved_outputs(nb: dict, outputs: dict) -> dict:
@@ -723,6 +762,17 @@ def test_an_undecided_check_is_graded_again_alone_then_needs_regrade_never_a_zer
     assert "NEEDS REGRADE (infrastructure): test_copy_to_region" in scores, scores
     html_text = open(os.path.join(root, rec["feedback"]), encoding="utf-8").read()
     assert "not graded yet: the grading machine was too busy" in html_text
+    # Gradescope's results (the export, and an upload graded there): the undecided test has no score and no status
+    from autograder.grading.exports import cell_titles, gradescope_results
+
+    source = json.load(open(os.path.join(root, "source", A, notebook_name(root)), encoding="utf-8"))
+    results = gradescope_results(rec, cell_titles(source))
+    tests = {t["name"]: t for t in results["tests"]}
+    undecided_test = tests[cell_titles(source)["test_copy_to_region"]]
+    assert "score" not in undecided_test and "status" not in undecided_test, undecided_test
+    assert undecided_test["output"].startswith("not graded yet")
+    assert results["output"].startswith("Not graded yet: the grading machine was too busy to decide 1 check(s)")
+    assert results["extra_data"] == {"needs_regrade": ["test_copy_to_region"]} and results["score"] == 6.0
     # the next run grades it again: the rule that keeps an unchanged submission's record does not keep this one
     from autograder.grading.classrun import still_valid
 

@@ -15,7 +15,8 @@ of it (`_render_traceback_`), which is what JupyterLab draws under the cell.
   sends and receives without a partner, per rank, and the student's line that
   posted the wrong send;
 - a course function refusing the student's argument in a picture cell: one line
-  that names the argument.
+  that names the argument;
+- an answer cell that does not compile: its test names that cell's SyntaxError and line.
 No frame of the course's own code or of torch is shown, and a passing test
 prints one line.
 """
@@ -250,6 +251,26 @@ def test_the_graders_verdict_names_the_exercises_answer_cell_never_a_file():
     assert "answer cell of Exercise 1 (all_reduce_gradients), line " in msg and ", in _check_sizes" in msg, msg
     for bad in ("<answer", "ipykernel", ".py:", "/tmp/", "dynamic-code"):
         assert bad not in msg, (bad, msg)
+
+
+UNCLOSED = mutant(
+    "unclosed_parenthesis", "all_reduce_gradients",
+    [("    world_size = dist.get_world_size(group)\n", "    world_size = dist.get_world_size(group\n")],
+    must_fail={"test_all_reduce_gradients"}, why="the answer cell does not compile")
+
+
+def test_a_syntax_error_in_an_answer_cell_is_named_by_the_test_that_needs_it():
+    """An unclosed parenthesis in Exercise 1's answer cell: that cell shows Python's SyntaxError, and its test
+    says which cell failed, where, and why (not only `name 'all_reduce_gradients' is not defined`)."""
+    cells = _cells("01_data_parallel", "all_reduce_gradients", "test_all_reduce_gradients", UNCLOSED)
+    line = next(i for i, text in enumerate(cells[-2].splitlines(), 1) if "get_world_size(group" in text)
+    nb, _ = _run(cells)
+    assert "SyntaxError" in _shown(nb.cells[-2])
+    shown = _shown(nb.cells[-1])
+    assert shown.startswith("NameError: Exercise 1 \u00b7 "), shown
+    assert (f"name 'all_reduce_gradients' is not defined\nThe cell that defines it failed: SyntaxError: '(' was "
+            f"never closed (Cell In[{len(cells) - 1}], line {line}).") in shown, shown
+    _assert_no_internals(shown)
 
 
 def test_picture_and_scratch_cells_show_the_one_line_verdict_of_a_stub():

@@ -6,6 +6,7 @@
     sandbox             bubblewrap and cgroups around the student's processes
     nbgrader_plugins    the course's nbgrader preprocessors (nbgrader_config.py) and the sandboxed kernel
     trusted             the verdicts, decided in a process that never runs student code
+    feedback            the feedback page and the result record kept under their caps
     exports             Gradescope's results.json, nbgrader's CSV
     lms                 grades back to the LMS: Canvas's gradebook import CSV, a plain CSV with names and emails
     gradescope          the course as a Gradescope autograder (run_autograder calls it)

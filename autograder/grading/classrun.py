@@ -56,7 +56,7 @@ import warnings
 
 __all__ = ["grade_class", "merge_results", "course_lock", "read_results", "result_path", "ClassRunError",
            "submissions", "shard_of", "shard_path", "backup_gradebook", "grader_fingerprint", "write_gradebook",
-           "no_sandbox_message"]
+           "no_sandbox_message", "gradebook_holds", "ensure_gradebook"]
 
 # graded/<assignment>/ holds the students' records, <student>.json (and <student>.json.tmp while one is written),
 # and the grader's own files in SHARDS/, a name no record can take (a record's name ends in .json)
@@ -188,9 +188,13 @@ def submissions(root: str, assignment: str) -> list[str]:
                   if not s.startswith(".") and os.path.isdir(os.path.join(base, s, assignment)))
 
 
-def shard_of(student: str, count: int) -> int:
-    """The shard (0-based) a student belongs to: stable as the class grows, the same on every machine."""
-    return int(hashlib.sha256(student.encode("utf-8", "surrogateescape")).hexdigest(), 16) % count
+def shard_of(students: list[str], index: int, count: int) -> list[str]:
+    """The students of shard `index` (1-based) of `count`: round-robin over the sorted list (shard i gets the
+    i-th, (i+N)-th, ... student), so shard sizes differ by at most one, and every machine that lists the same
+    submitted/ computes the same split. Every entry point (`--shard I/N`, `slurm/N`, `k8s/N`) comes here."""
+    if not 1 <= index <= count:
+        raise ValueError(f"shard {index}/{count}: the index must be between 1 and {count}")
+    return sorted(students)[index - 1::count]
 
 
 # ---------------------------------------------------------------------------
@@ -274,15 +278,21 @@ def _outputs_failed(cell) -> bool:
     return any(o.get("output_type") == "error" for o in cell.get("outputs", []))
 
 
+MAX_VERDICT_CHARS = 20_000  # of one verdict's message in the feedback (a student's exception text can be long)
+
+
 def _verdict_outputs(v) -> list:
     if getattr(v, "inconclusive", None):  # not a verdict: said as such, never as an error of the student's code
         return [{"output_type": "stream", "name": "stdout", "text": v.message + "\n"}]
+    message = v.message or ""
+    if len(message) > MAX_VERDICT_CHARS:
+        message = f"{message[:MAX_VERDICT_CHARS]}\n... [{len(message) - MAX_VERDICT_CHARS:,} more characters not shown]"
     if v.passed:
-        return [{"output_type": "stream", "name": "stdout", "text": (v.message or "passed") + "\n"}]
-    ename, _, evalue = v.message.partition(": ")
+        return [{"output_type": "stream", "name": "stdout", "text": (message or "passed") + "\n"}]
+    ename, _, evalue = message.partition(": ")
     ename = ename.rsplit(".", 1)[-1] if ename and " " not in ename else "Error"
-    return [{"output_type": "error", "ename": ename, "evalue": evalue or v.message,
-             "traceback": [f"{ename}: {evalue or v.message}"]}]
+    return [{"output_type": "error", "ename": ename, "evalue": evalue or message,
+             "traceback": [f"{ename}: {evalue or message}"]}]
 
 
 _PATHS = re.compile(r"/tmp/ipykernel_\d+/\d+\.py|/tmp/[A-Za-z0-9_.-]*autograder[A-Za-z0-9_.-]*(/[^\s\"'<>]*)?")
@@ -318,7 +328,9 @@ def grade_one(job: dict) -> dict:
         if not job.get("keep_work"):
             shutil.rmtree(work, ignore_errors=True)
     record["timings"]["total"] = round(time.monotonic() - t_start, 2)
-    return scrub_record(record, root, job["workbase"])
+    from autograder.grading.feedback import cap_record
+
+    return cap_record(scrub_record(record, root, job["workbase"]))
 
 
 def scrub_record(record: dict, *prefixes: str) -> dict:
@@ -379,9 +391,12 @@ def _grade_into(record: dict, job: dict, work: str) -> None:
     t0 = time.monotonic()
     saw = job.get("saw") or {}
     base = copy.deepcopy(notebook)
+    answer_errors = _answer_cell_errors(cell_errors)
     for cell in base["cells"]:
         meta = _meta(cell)
         gid = meta.get("grade_id")
+        if meta.get("solution") and cell.get("cell_type") == "code" and gid in answer_errors:
+            cell["outputs"] = [answer_errors[gid]]  # the answer cell's own error, as the notebook shows it
         if meta.get("grade") and not meta.get("solution") and gid in verdicts:
             cell["outputs"] = _verdict_outputs(verdicts[gid])
             if verdicts[gid].backend_note:
@@ -406,6 +421,13 @@ def _grade_into(record: dict, job: dict, work: str) -> None:
         record["warnings"].append(f"{forged[0][:1000]} (flagged: {cells})")
     record["score"] = round(sum(c["points"] for c in record["cells"]), 4)
     record["max_score"] = round(sum(c["max_points"] for c in record["cells"]), 4) or record["max_score"]
+    from autograder.grading.trusted import cell_error_line
+
+    for err in cell_errors:  # a cell's error that lost points (a SyntaxError in an answer cell): in the table
+        line = cell_error_line(err)
+        lost = [c["grade_id"] for c in record["cells"] if not c["passed"] and c["message"].startswith(line)]
+        if lost:
+            record["warnings"].append(f"{', '.join(lost)}: {line}")
     if disagree:
         record["warnings"].append("the outputs saved in the notebook and the trusted grader disagree on "
                                   + ", ".join(disagree)
@@ -425,21 +447,47 @@ def _nbgrader_api(course: str):
     from nbgrader.apps import NbGraderAPI
     from traitlets.config.loader import PyFileConfigLoader
 
+    from autograder.grading.nbgrader_plugins import SafeFeedbackExporter
+
     config = PyFileConfigLoader("nbgrader_config.py", path=course).load_config()
+    # the feedback page with what the student wrote made inert, whatever the course's config says
+    config.GenerateFeedback.exporter_class = SafeFeedbackExporter
     config.CourseDirectory.root = course
     config.CourseDirectory.db_url = "sqlite:///" + os.path.join(course, "gradebook.db")
     logging.getLogger("traitlets").setLevel(logging.ERROR)
     return NbGraderAPI(config=config)
 
 
+_ANSWER_CELL = re.compile(r"^<answer cell (?:of .+ \(([^()]+)\)|(\S+))>$")
+
+
+def _answer_cell_errors(cell_errors: list) -> dict:
+    """grade id -> the error output an answer cell that failed in the trusted run shows in the feedback."""
+    from autograder.grading.trusted import cell_error_line
+
+    out = {}
+    for err in cell_errors:
+        found = _ANSWER_CELL.match(str(err.get("cell", "")))
+        if found:
+            ename = str(err.get("error", "")).split(":", 1)[0] or "Error"
+            line = cell_error_line(err)
+            out.setdefault(found.group(1) or found.group(2), {
+                "output_type": "error", "ename": ename, "evalue": line.partition(": ")[2], "traceback": [line]})
+    return out
+
+
 def _feedback(course: str, assignment: str, student: str, nb_name: str, nb: dict, record: dict) -> str | None:
-    """nbgrader's feedback HTML of `nb`, with the trusted scores in the scratch gradebook."""
+    """nbgrader's feedback HTML of `nb`, with the trusted scores in the scratch gradebook.
+
+    What the student wrote is made inert (nbgrader_plugins.SafeFeedbackExporter); the page is at most
+    MAX_FEEDBACK_CHARS: `feedback.fit_notebook` leaves out the largest of the student's outputs, then of
+    their cells, with a note where each was and one at the top (a warning of the record too); the page is
+    measured, and fitted again with less if the estimate fell short."""
     from nbgrader.api import Gradebook
 
-    out_dir = os.path.join(course, "autograded", student, assignment)
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, nb_name), "w", encoding="utf-8") as f:
-        json.dump(nb, f)
+    from autograder.grading.feedback import (MAX_FEEDBACK_CHARS, PAGE_CHARS, fit_notebook, left_out_note, megabytes,
+                                             page_chars, with_note)
+
     notebook_id = os.path.splitext(nb_name)[0]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # SQLAlchemy's "not in session" notes from nbgrader's own queries
@@ -451,7 +499,39 @@ def _feedback(course: str, assignment: str, student: str, nb_name: str, nb: dict
                 grade.auto_score = c["points"]
                 grade.needs_manual_grade = False
             gb.db.commit()
-    result = _nbgrader_api(course).generate_feedback(assignment, student, force=True)
+    keep = {i for i, c in enumerate(nb["cells"]) if _meta(c).get("grade") and not _meta(c).get("solution")}
+    released: set = set()
+    with contextlib.suppress(OSError, ValueError), \
+            open(os.path.join(course, "release", assignment, nb_name), encoding="utf-8") as f:
+        released = {"".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+                    for c in json.load(f)["cells"]}
+    budget = MAX_FEEDBACK_CHARS - PAGE_CHARS
+    for attempt in range(3):
+        fitted, left = fit_notebook(nb, budget, keep=keep, released=released)
+        note = left_out_note(left)
+        html = _render_feedback(course, assignment, student, nb_name, with_note(fitted, note) if note else fitted,
+                                record)
+        size = page_chars(html) if html is not None else 0
+        if html is None or size <= MAX_FEEDBACK_CHARS:
+            if html is not None and note:
+                record["warnings"].append(note)
+            return html
+        # the estimate fell short (text that escapes to much more HTML, thousands of small cells): less, then none
+        budget = int(budget * MAX_FEEDBACK_CHARS / size * 0.8) if attempt == 0 else 0
+    record["warnings"].append(f"no feedback page: without the notebook's own outputs and cells it is still over "
+                              f"{megabytes(MAX_FEEDBACK_CHARS)}")
+    return None
+
+
+def _render_feedback(course: str, assignment: str, student: str, nb_name: str, nb: dict, record: dict) -> str | None:
+    out_dir = os.path.join(course, "autograded", student, assignment)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, nb_name), "w", encoding="utf-8") as f:
+        json.dump(nb, f)
+    notebook_id = os.path.splitext(nb_name)[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nbconvert's notes on an output it does not show (JavaScript), on cell ids
+        result = _nbgrader_api(course).generate_feedback(assignment, student, force=True)
     path = os.path.join(course, "feedback", student, assignment, notebook_id + ".html")
     if not result.get("success") or not os.path.exists(path):
         record["warnings"].append("nbgrader could not write the feedback: "
@@ -531,7 +611,7 @@ def grade_class(root: str, assignment: str, *, jobs: int | None = None, shard: t
     everyone = students if students is not None else submissions(root, assignment)
     if shard is not None:
         index, count = shard
-        everyone = [s for s in everyone if shard_of(s, count) == index - 1]
+        everyone = shard_of(everyone, index, count)
     previous = read_results(root, assignment)
     # scratch space for each submission's runs: AUTOGRADER_WORKDIR (a large, fast disk), else the temp folder
     scratch = os.environ.get("AUTOGRADER_WORKDIR") or None
@@ -797,6 +877,80 @@ def merge_results(root: str, files: list[str]) -> list[dict]:
 # The gradebook: the main process is its only writer
 # ---------------------------------------------------------------------------
 
+def _gradebook_state(db: str, assignment: str) -> tuple[set[str] | None, bool]:
+    """(the tables of sqlite file `db`, or None where there is none; whether it holds `assignment` with its
+    notebook), read only: never creates the file (opening nbgrader's Gradebook on a missing file does)."""
+    import pathlib
+    import sqlite3
+
+    if not os.path.isfile(db):
+        return None, False
+    try:
+        con = sqlite3.connect(pathlib.Path(db).absolute().as_uri() + "?mode=ro", uri=True, timeout=60)
+        try:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            held = {"alembic_version", "assignment", "notebook"} <= tables and con.execute(
+                "SELECT 1 FROM assignment a JOIN notebook n ON n.assignment_id = a.id WHERE a.name = ?",
+                (assignment,)).fetchone() is not None
+            return tables, held
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return None, False
+
+
+def gradebook_holds(root: str, assignment: str) -> bool:
+    """Whether root/gradebook.db is a whole nbgrader gradebook (alembic's version stamped) holding `assignment`."""
+    return _gradebook_state(os.path.join(root, "gradebook.db"), assignment)[1]
+
+
+def ensure_gradebook(root: str, assignment: str, log=print) -> bool:
+    """Make gradebook.db hold `assignment` as `make build` leaves it, if it does not yet (a fresh clone:
+    release/ and source/ are committed, the gradebook is not). The caller holds the course's lock.
+
+    nbgrader's generate_assignment of source/<assignment> runs in a scratch folder beside the gradebook, on a
+    copy of it (its other assignments and grades kept), with this interpreter's bin/ first on PATH (nbgrader
+    runs `alembic` from PATH); the result replaces gradebook.db in one rename, after a backup: a failure
+    leaves the gradebook as it was, never half-made. True when it was made or changed."""
+    if gradebook_holds(root, assignment):
+        return False
+    src = os.path.join(root, "source", assignment)
+    if not glob.glob(os.path.join(src, "*.ipynb")):
+        raise ClassRunError(f"{assignment} is not in the gradebook and there is no source/{assignment}/*.ipynb "
+                            f"to add it from: run `make build` in the course root first")
+    db = os.path.join(root, "gradebook.db")
+    tables = _gradebook_state(db, assignment)[0]
+    whole = bool(tables) and "alembic_version" in tables  # else none, or half-made by nbgrader without alembic
+    work = tempfile.mkdtemp(prefix=".gradebook-", dir=root)
+    try:
+        shutil.copy2(os.path.join(root, "nbgrader_config.py"), work)
+        shutil.copytree(src, os.path.join(work, "source", assignment))
+        if whole:  # keep what it holds
+            import sqlite3
+
+            con, dst = sqlite3.connect(db, timeout=60), sqlite3.connect(os.path.join(work, "gradebook.db"))
+            try:
+                con.backup(dst)
+            finally:
+                con.close()
+                dst.close()
+        exe = os.path.join(os.path.dirname(sys.executable), "nbgrader")
+        proc = subprocess.run([exe if os.path.exists(exe) else "nbgrader", "generate_assignment", assignment,
+                               "--force", "--log-level=ERROR"], cwd=work, env=_nbgrader_env(root),
+                              capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0 or not gradebook_holds(work, assignment):
+            raise ClassRunError(f"could not add {assignment} to the gradebook (nbgrader generate_assignment of "
+                                f"source/{assignment}, exit {proc.returncode}); gradebook.db is unchanged:\n"
+                                f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        backup_gradebook(root)
+        os.replace(os.path.join(work, "gradebook.db"), db)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    log(f"gradebook.db: {'now holds ' + assignment if whole else 'made'} "
+        f"(nbgrader generate_assignment of source/{assignment}, as `make build` does; no grades yet)")
+    return True
+
+
 def write_gradebook(root: str, assignment: str, records: list[dict]) -> None:
     """Scores per cell into nbgrader's gradebook; flags as "needs manual grade" and a comment."""
     from nbgrader.api import Gradebook, MissingEntry
@@ -807,6 +961,7 @@ def write_gradebook(root: str, assignment: str, records: list[dict]) -> None:
     records = [r for r in records if not student_name_problem(r["student"])]
     if not records:
         return
+    ensure_gradebook(root, assignment)  # never a half-made gradebook.db (nbgrader's own creation needs alembic)
     notebook_id = os.path.splitext(os.path.basename(release_notebook(root, assignment)))[0]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # SQLAlchemy's "not in session" notes from nbgrader's own queries

@@ -94,8 +94,10 @@ def needs_regrade_note(cells: list[str]) -> str:
             f"autograde run grades it again")
 
 
-def print_records(records: list[dict], root: str, *, width: int | None = None) -> None:
-    """The score table of a run: one row per submission, every lost cell listed (wrapped, never cut)."""
+def print_records(records: list[dict], root: str, *, width: int | None = None,
+                  shard_files: list[str] | None = None) -> None:
+    """The score table of a run: one row per submission, every lost cell listed (wrapped, never cut).
+    `shard_files`: a shard run's, which wrote only those files (its records and feedback are in them)."""
     if not records:
         print("Nothing was graded.")
         return
@@ -137,6 +139,11 @@ def print_records(records: list[dict], root: str, *, width: int | None = None) -
         print(f"{r['assignment']:<{w_a}}  {shown_name(r['student']):<{w_s}}  {score}  {lines[0]}")
         for line in lines[1:]:
             print(indent + line)
+    if shard_files is not None:
+        print(f"\nThis shard wrote {', '.join(shard_files)} only (its records and feedback HTML): nothing in "
+              f"gradebook.db, feedback/ or graded/<assignment>/<student>.json until `merge` folds the shard "
+              f"files in.")
+        return
     print(f"\nGradebook: gradebook.db (nbgrader; backups in backups/). Feedback (HTML, one per student and "
           f"assignment): feedback/<student>/<assignment>/. Records: graded/<assignment>/<student>.json")
 
@@ -237,8 +244,40 @@ def _shard(text: str) -> tuple[int, int]:
     return index, count
 
 
+def _gradebook_first(root: str, assignments: list[str], wait: float = 600.0) -> None:
+    """A shard's first step: the gradebook holds the assignments before anything is graded (a fresh clone has
+    none: the first task of an array makes it; the others wait for the course's lock, then find it made)."""
+    from autograder.grading.classrun import ClassRunError, course_lock, ensure_gradebook, gradebook_holds
+
+    if all(gradebook_holds(root, a) for a in assignments):
+        return
+    deadline = time.monotonic() + wait
+    while True:
+        lock = course_lock(root)
+        try:
+            lock.__enter__()
+            break
+        except ClassRunError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+    try:
+        for a in assignments:
+            ensure_gradebook(root, a)
+    finally:
+        lock.__exit__(None, None, None)
+
+
+def _shard_file(root: str, assignment: str, shard: tuple[int, int], out: str | None) -> str:
+    """The file a shard run writes, relative to the course root."""
+    from autograder.grading.classrun import shard_path
+
+    return os.path.relpath(out or shard_path(root, assignment, *shard), root)
+
+
 def _autograde(root: str, assignments: list[str], args) -> list[dict]:
-    from autograder.grading.classrun import ClassRunError, backup_gradebook, course_lock, grade_class, write_gradebook
+    from autograder.grading.classrun import (ClassRunError, backup_gradebook, course_lock, ensure_gradebook,
+                                             grade_class, write_gradebook)
 
     if args.no_sandbox:
         print("WARNING: grading WITHOUT a sandbox (--no-sandbox): student code can read and write the course's "
@@ -248,8 +287,12 @@ def _autograde(root: str, assignments: list[str], args) -> list[dict]:
     lock = course_lock(root) if args.shard is None else course_lock(
         root, f"autograde-shard-{args.shard[0]}-of-{args.shard[1]}")
     try:
+        if args.shard is not None:
+            _gradebook_first(root, assignments)
         with lock:
             for a in assignments:
+                if args.shard is None:  # before grading: a gradebook that cannot be made stops the run here
+                    ensure_gradebook(root, a)
                 t0 = time.monotonic()
                 recs = grade_class(root, a, jobs=args.jobs, shard=args.shard, force=args.force,
                                    isolate=not args.no_sandbox, memory_bytes=int(args.memory * 2**30),
@@ -257,7 +300,8 @@ def _autograde(root: str, assignments: list[str], args) -> list[dict]:
                                    second_backend=second_backend)
                 fresh = [r for r in recs if not r.get("unchanged")]
                 print(f"{a}: {len(recs)} submission(s), {len(fresh)} graded in {time.monotonic() - t0:.1f} s"
-                      + (f" (shard {args.shard[0]}/{args.shard[1]}: `merge` its file)" if args.shard else ""))
+                      + (f" (shard {args.shard[0]}/{args.shard[1]}: wrote {_shard_file(root, a, args.shard, args.out)}"
+                         f" only; `merge` it)" if args.shard else ""))
                 if args.shard is None and recs:
                     backup_gradebook(root)
                     _with_gradebook_retry(lambda: write_gradebook(root, a, recs), "write the gradebook")
@@ -285,11 +329,28 @@ def _nccl_backend(mode: str) -> str | None:
     return None
 
 
+def _shard_assignment(path: str) -> str | None:
+    """The assignment of a shard file (None: not one; merge_results then refuses it, before anything is written)."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            bundle = json.load(f)
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(bundle, dict) and isinstance(bundle.get("records"), list)
+    return bundle["assignment"] if ok and isinstance(bundle.get("assignment"), str) else None
+
+
 def _merge(root: str, files: list[str]) -> list[dict]:
-    from autograder.grading.classrun import ClassRunError, backup_gradebook, course_lock, merge_results, write_gradebook
+    from autograder.grading.classrun import (ClassRunError, backup_gradebook, course_lock, ensure_gradebook,
+                                             merge_results, write_gradebook)
 
     try:
         with course_lock(root):
+            made = [_shard_assignment(f) for f in files]
+            for a in sorted(set(made)) if None not in made else []:  # the gradebook first, before anything else
+                ensure_gradebook(root, a)
             records = merge_results(root, files)
             backup_gradebook(root)
             for a in sorted({r["assignment"] for r in records}):
@@ -301,6 +362,10 @@ def _merge(root: str, files: list[str]) -> list[dict]:
 
 
 def main(argv=None) -> int:
+    # nbgrader runs `alembic` from PATH when it makes or upgrades a gradebook: the one beside this interpreter
+    here = os.path.dirname(sys.executable)
+    if here not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = here + os.pathsep + os.environ.get("PATH", "")
     parser = argparse.ArgumentParser(prog="python -m autograder.grade", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
 
@@ -410,7 +475,8 @@ def main(argv=None) -> int:
             print(f"{a}: wrote submissions of {', '.join(DEMO_STUDENTS)} to submitted/")
     records = _autograde(root, assignments, args)
     print()
-    print_records(records, root)
+    print_records(records, root, shard_files=None if args.shard is None else
+                  [_shard_file(root, a, args.shard, args.out) for a in assignments])
     from autograder.grading.intake import shown_name
 
     ungraded = [r for r in records if r.get("status") == "error"]

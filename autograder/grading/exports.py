@@ -63,6 +63,10 @@ def gradescope_results(record: dict, titles: dict[str, str]) -> dict:
     """Gradescope's results.json for one graded record."""
     tests = []
     for i, c in enumerate(record["cells"], 1):
+        if c.get("inconclusive"):  # not decided (a machine too busy to tell): no score and no status, not a 0
+            tests.append({"name": titles.get(c["grade_id"], c["grade_id"]), "number": str(i),
+                          "max_score": c["max_points"], "output": c["message"], "visibility": "visible"})
+            continue
         if record["status"] != "graded":
             output = f"Not graded: {record['reason']}"
         elif c["passed"]:
@@ -77,9 +81,17 @@ def gradescope_results(record: dict, titles: dict[str, str]) -> dict:
                       "score": c["points"], "max_score": c["max_points"], "output": output,
                       "status": "passed" if c["passed"] else "failed", "visibility": "visible"})
     notes = list(record.get("warnings", []))
-    return {"score": record["score"], "execution_time": int(record.get("timings", {}).get("total", 0)),
-            "output": "\n".join(notes) if notes else "Graded by the course's trusted grader.",
-            "visibility": "visible", "stdout_visibility": "hidden", "tests": tests}
+    undecided = [c["grade_id"] for c in record["cells"] if c.get("inconclusive")]
+    if undecided:
+        notes.insert(0, f"Not graded yet: the grading machine was too busy to decide {len(undecided)} check(s) "
+                        f"({', '.join(titles.get(g, g) for g in undecided)}): they have no score, which is not a "
+                        f"grade of your work; ask your course staff to regrade this submission.")
+    out = {"score": record["score"], "execution_time": int(record.get("timings", {}).get("total", 0)),
+           "output": "\n".join(notes) if notes else "Graded by the course's trusted grader.",
+           "visibility": "visible", "stdout_visibility": "hidden", "tests": tests}
+    if undecided:
+        out["extra_data"] = {"needs_regrade": undecided}
+    return out
 
 
 def export(root: str, assignments: list[str], *, gradescope: str | None = None, csv: str | None = None,

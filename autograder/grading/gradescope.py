@@ -90,15 +90,21 @@ def grade_upload(course: str, assignment: str, submission_dir: str, results_path
         record["cells"] = [{"grade_id": g, "points": 0.0, "max_points": p, "passed": False, "visible_passed": None,
                             "message": f"not graded: {intake.reason}"} for g, p in cells]
     else:
-        work = tempfile.mkdtemp(prefix="autograder-gradescope-")
-        try:
-            with Sandbox(course, work, isolate=isolate, memory_bytes=int(memory_gib * 2**30)) as box:
-                verdicts, _ = grade_notebook(intake.notebook, source, inputs=work, sandbox=box, budget=budget,
-                                             memory_note=f"out of memory (limit {memory_gib:g} GiB)")
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+        for attempt in (1, 2):  # a check the machine was too busy to decide is graded once more, then reported
+            work = tempfile.mkdtemp(prefix="autograder-gradescope-")
+            try:
+                with Sandbox(course, work, isolate=isolate, memory_bytes=int(memory_gib * 2**30)) as box:
+                    verdicts, _ = grade_notebook(intake.notebook, source, inputs=work, sandbox=box, budget=budget,
+                                                 memory_note=f"out of memory (limit {memory_gib:g} GiB)")
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+            if not any(v.inconclusive for v in verdicts.values()):
+                break
+            print(f"attempt {attempt}: check(s) not decided (the machine too busy): "
+                  + ", ".join(g for g, v in verdicts.items() if v.inconclusive), flush=True)
         record["cells"] = [{"grade_id": v.grade_id, "points": v.points, "max_points": v.max_points,
-                            "passed": v.passed, "visible_passed": v.visible_passed, "message": v.message}
+                            "passed": v.passed, "visible_passed": v.visible_passed, "message": v.message,
+                            **({"inconclusive": v.inconclusive} if v.inconclusive else {})}
                            for v in verdicts.values()]
         scrub_record(record, course, work)
     record["score"] = sum(c["points"] for c in record["cells"])

@@ -30,6 +30,8 @@ everyone, or to change how it is graded, is handled here, per student:
   of the wrong type: a named reason, saying which cell;
 - another assignment's notebook: a named reason (which assignment it is);
 - a `grade_id` that appears twice (a copied cell): a named reason;
+- nbgrader metadata on a cell the release does not have (an unknown or empty `grade_id`) is dropped: the
+  cell is kept, not graded (nbgrader's feedback would find no such cell, and write none);
 - graded and locked cells are put back as the release has them (a test cell
   deleted, edited, retyped or marked `grade: false` is restored; its points
   cannot be changed); answer cells keep the student's code, under the
@@ -436,11 +438,15 @@ def _normalise(nb: dict, release: dict, warnings: list, saw: dict) -> dict:
         gid = _meta(c).get("grade_id")
         if gid in known:
             anchor = gid
-        else:  # a free cell (an unknown grading id is dropped: the cell is kept, ungraded)
+        else:  # a free cell (nbgrader metadata of no cell of the release is dropped: the cell is kept, ungraded)
             free = copy.deepcopy(c)
+            meta = free.get("metadata", {}).pop("nbgrader", None)
             if gid:
-                free.get("metadata", {}).pop("nbgrader", None)
                 warnings.append(f"cell {gid} is not part of this assignment: kept, not graded")
+            elif isinstance(meta, dict) and any(meta.get(k) for k in ("grade", "solution", "task", "locked")):
+                # (an empty or missing grade_id: nbgrader's feedback would find no such cell, and fail)
+                warnings.append("a cell marked for grading without a grading id (grade_id "
+                                f"{meta.get('grade_id', '')!r}): kept, not graded")
             after.setdefault(anchor, []).append(cap_outputs(_clean(free, "a free cell", warnings)))
     cells = list(after.get(None, []))
     for gid, cell in graded:

@@ -268,8 +268,9 @@ def _cell_filename(meta: dict, index: int, exercise: str | None = None) -> str:
     return f"<code cell {index}" + (f", after the heading of {exercise}>" if exercise else ">")
 
 
-def _executable_cells(nb: dict, skip: frozenset = frozenset()) -> list[tuple[str, str]]:
-    """(filename, source) of the code cells the zygote runs: everything but graded test cells.
+def _executable_cells(nb: dict, skip: frozenset = frozenset(), with_ids: bool = False) -> list[tuple]:
+    """(filename, source) of the code cells the zygote runs: everything but graded test cells
+    ((filename, source, grade id or None) `with_ids`).
 
     `skip`: sources of free cells to leave out (the notebook's own pictures and
     scratch examples, as released: they define nothing the student wrote).
@@ -293,7 +294,7 @@ def _executable_cells(nb: dict, skip: frozenset = frozenset()) -> list[tuple[str
             continue
         # IPython-only syntax (magics, shell escapes) has no meaning here
         src = "\n".join(line for line in src.splitlines() if not line.lstrip().startswith(("%", "!")))
-        out.append((_cell_filename(meta, code_cells, exercise), src))
+        out.append((_cell_filename(meta, code_cells, exercise), src) + ((meta.get("grade_id"),) if with_ids else ()))
     return out
 
 
@@ -349,13 +350,25 @@ def _zygote_main(inputs: str, workdir: str, output_limit: int) -> None:
         except BaseException as exc:  # noqa: BLE001 - a cell's error is recorded, the others still run
             if isinstance(exc, KeyboardInterrupt):
                 raise
-            cell_errors.append({"cell": filename, "error": f"{type(exc).__name__}: {exc}"[:500]})
+            cell_errors.append(_cell_error(filename, exc))
         guard.tools["changed"]()  # what this cell replaced; the modules it imported are baselined from here
     with contextlib.suppress(OSError):
         os.remove(reserve)
     tools = guard.tools
     tools["send_frame"](reply, {"ready": True, "cell_errors": cell_errors[:50], "tampered": tools["changed"]()})
     tools["serve"](requests, reply, namespace, tools)
+
+
+def _cell_error(filename: str, exc: BaseException) -> dict:
+    """What the zygote reports of a cell that failed: the cell, the error, and the line of that cell it failed at
+    (a SyntaxError's own line: nothing of the cell ran; else the cell's innermost frame: the cell ran up to it)."""
+    if isinstance(exc, SyntaxError) and exc.filename == filename:
+        return {"cell": filename, "error": f"{type(exc).__name__}: {exc.msg}"[:500], "line": exc.lineno}
+    line = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if frame.filename == filename:
+            line = frame.lineno
+    return {"cell": filename, "error": f"{type(exc).__name__}: {exc}"[:500], "line": line}
 
 
 def _serve(requests: int, reply: int, namespace: dict, tools: dict) -> None:
@@ -539,7 +552,8 @@ class ZygoteClient:
             raise RuntimeError("the submission's process did not start serving the grader")
         self._note_tampered(msg)
         errors = msg.get("cell_errors") or []
-        self.cell_errors = [{"cell": str(e.get("cell", ""))[:100], "error": str(e.get("error", ""))[:500]}
+        self.cell_errors = [{"cell": str(e.get("cell", ""))[:100], "error": str(e.get("error", ""))[:500],
+                             "line": e["line"] if type(e.get("line")) is int and 0 < e["line"] < 1 << 30 else None}
                             for e in errors[:50] if isinstance(e, dict)] if isinstance(errors, list) else []
 
     def _note_tampered(self, header: dict) -> None:
@@ -761,6 +775,83 @@ def _student_names(nb: dict) -> set[str]:
     return names
 
 
+_UNDEFINED = re.compile(r"name '([A-Za-z_][A-Za-z0-9_]*)' is not defined")
+
+
+def _top_level_names(src: str) -> set[str]:
+    """Every name a cell's code binds at its top level (functions, classes, assignments, imports)."""
+    import ast
+
+    try:
+        tree = ast.parse(src)
+    except SyntaxError:
+        return set()
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+def cell_error_line(err: dict) -> str:
+    """A failed cell's error in one line, the cell named as the notebook names it (the feedback, the table):
+    `SyntaxError: '(' was never closed (answer cell of Exercise 1 (all_reduce_gradients), line 12)`."""
+    cell = str(err.get("cell", ""))
+    where = cell[1:-1] if cell.startswith("<") and cell.endswith(">") else cell
+    if err.get("line"):
+        where += f", line {err['line']}"
+    first, *_ = (str(err.get("error", "")) or "Error").splitlines() or ["Error"]
+    return f"{first} ({where})"
+
+
+def _lead_with_cell_errors(verdicts: dict, source: dict, submitted: dict, cell_errors: list,
+                           skip: frozenset = frozenset()) -> dict:
+    """A failed verdict that says a name is not defined, where a cell that defines it failed (the answer cell
+    of Exercise 1 does not even compile, say), leads with that cell's error: which cell, which line, what
+    error, the line itself; then what the test said. Which cell should define a name: the instructor's answer
+    cell of that grade id (the source notebook), else any failed cell whose text defines it."""
+    from autograder.runtime.report import defines_name
+
+    if not cell_errors:
+        return verdicts
+    cells = _executable_cells(submitted, skip, with_ids=True)
+    sources = {filename: src for filename, src, _ in cells}
+    failed = {e["cell"]: e for e in cell_errors if e.get("cell") in sources}
+    if not failed:
+        return verdicts
+    answer_cell = {gid: filename for filename, _, gid in cells if gid}
+    should: dict[str, str] = {}  # name -> the submitted cell that should have defined it
+    for c in source.get("cells", []):
+        gid = _meta(c).get("grade_id")
+        if c.get("cell_type") == "code" and _meta(c).get("solution") and gid in answer_cell:
+            for name in _top_level_names(_src(c)):
+                should.setdefault(name, answer_cell[gid])
+    for v in verdicts.values():
+        if v.passed:
+            continue
+        for name in dict.fromkeys(_UNDEFINED.findall(v.message)):
+            cell = should.get(name)
+            if cell not in failed:
+                cell = next((f for f in failed if defines_name(sources[f], name)), None)
+            if cell is None:
+                continue
+            err = failed[cell]
+            lines = sources[cell].splitlines()
+            line = err.get("line")
+            code = lines[line - 1].strip()[:300] if line and line <= len(lines) else ""
+            syntax = str(err.get("error", "")).startswith(("SyntaxError", "IndentationError", "TabError"))
+            why = "Nothing of that cell ran" if syntax else "That cell stopped at this error"
+            v.message = (cell_error_line(err) + (f"\n    {code}" if code else "")
+                         + f"\n{why}, so {name} was never defined:\n{v.message}")
+            break
+    return verdicts
+
+
 def _exec_test(code: str, namespace: dict, label: str) -> tuple[bool, str]:
     out = io.StringIO()
     try:
@@ -963,7 +1054,8 @@ def grade_notebook(submitted: dict, source: dict, *, inputs: str | None = None, 
         finally:
             dist.set_executor(None)
             client.__exit__(None, None, None)
-        return verdicts, client.cell_errors
+        return _lead_with_cell_errors(verdicts, source, submitted, client.cell_errors, released_free), \
+            client.cell_errors
     finally:
         import shutil
 

@@ -715,7 +715,8 @@ def cp_comparison_table(*, seq: int, batch: int, hidden: int, kv_hidden: int, cp
     from .hardware import H100_NODE
 
     for name, value in (("seq", seq), ("batch", batch), ("hidden", hidden), ("kv_hidden", kv_hidden), ("cp", cp)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        positive_int = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        if not positive_int:
             raise ValueError(f"cp_comparison_table: {name} must be a positive int, got {value!r}")
     if seq % cp:
         raise ValueError(f"cp_comparison_table: seq ({seq}) must be divisible by cp ({cp}): each rank holds s / cp "

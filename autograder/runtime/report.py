@@ -220,6 +220,56 @@ def _stub_text(stub: str, label: str | None) -> str:
             f"cell, then run this one again.")
 
 
+def defines_name(src: str, name: str) -> bool:
+    """Whether a cell's text defines `name` at its top level (`def name`, `class name`, `name = ...`): read as
+    text, so that a cell that does not even compile (an unclosed parenthesis) is still known as its definer."""
+    name = re.escape(name)
+    return re.search(rf"^(?:async[ \t]+)?(?:def|class)[ \t]+{name}\b|^{name}[ \t]*(?::[^=\n]*)?=(?!=)", src,
+                     re.M) is not None
+
+
+def _kernel_error_defining(name: str) -> str | None:
+    """The kernel's last error, if it is that of a cell that defines `name` (`SyntaxError: '(' was never closed
+    (Cell In[5], line 3)`): the reason why `name` is not defined. None elsewhere (IPython keeps its last error
+    in sys.last_value; a plain interpreter, the grader, has none of a notebook cell)."""
+    import linecache
+
+    last = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    if isinstance(last, SyntaxError):
+        filename, lineno, text = last.filename or "", last.lineno, f"{type(last).__name__}: {last.msg}"
+    elif isinstance(last, Exception):
+        cells = [fs for fs in traceback.extract_tb(last.__traceback__) if _kernel_label(fs.filename)]
+        if not cells:
+            return None
+        filename, lineno = cells[0].filename, cells[0].lineno
+        text = (f"{type(last).__name__}: {last}".splitlines() or [""])[0][:300]
+    else:
+        return None
+    label = _kernel_label(filename)
+    if not label or not defines_name("".join(linecache.getlines(filename)), name):
+        return None
+    return f"{text} ({label}, line {lineno})"
+
+
+def _undefined_hint(exc: BaseException) -> str:
+    """What to add to Python's `name 'all_reduce_gradients' is not defined` in a test: the kernel's error of the
+    cell that defines it (a SyntaxError, say), else which exercise's answer cell defines it and has not run."""
+    if not isinstance(exc, NameError):
+        return ""
+    found = re.fullmatch(r"name '([A-Za-z_]\w*)' is not defined", str(exc).strip())
+    if not found:
+        return ""
+    name = found.group(1)
+    failed = _kernel_error_defining(name)
+    if failed:
+        return f"\nThe cell that defines it failed: {failed}. Fix it, run it again, then run this test."
+    owner = exercise_of(name)
+    if owner:
+        return (f"\n{name} is defined by the answer cell of {owner}: run that cell (and fix the error it shows, "
+                f"if any), then run this test again.")
+    return ""
+
+
 def render_outside_check(exc: BaseException) -> list[str] | None:
     """What a scratch or picture cell shows for one of the course's errors (a failed run, a check's verdict, a
     stub reached through the course's code, a ValueError raised by the course's code): the verdict and the
@@ -385,7 +435,7 @@ def checking(label: str, what: str):
             new = NotImplementedError(text)
             _attach_rendering(new, text)
             raise new from None
-        text = f"{label} · {what}: FAILED\n{exc}"
+        text = f"{label} · {what}: FAILED\n{exc}{_undefined_hint(exc)}"
         try:
             exc.args = (text,)
         except (AttributeError, TypeError):
