@@ -54,7 +54,8 @@ def notebook_name(root: str) -> str:
     return next(n for n in os.listdir(os.path.join(root, "release", A)) if n.endswith(".ipynb"))
 
 
-def make_mini_course(dest) -> str:
+def make_mini_course(dest, keep=KEEP) -> str:
+    """A scratch course whose assignment A keeps the graded cells `keep` (and every given and answer cell)."""
     root = str(dest)
     copy_course(root)
     src_path = os.path.join(root, "source", A, notebook_name(root))
@@ -65,7 +66,7 @@ def make_mini_course(dest) -> str:
         if cell.cell_type == "markdown":
             cells.append(cell)
         elif meta.get("grade") and not meta.get("solution"):
-            if meta["grade_id"] in KEEP:
+            if meta["grade_id"] in keep:
                 cells.append(cell)
         elif meta:  # given and answer cells
             cells.append(cell)

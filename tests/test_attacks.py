@@ -3,14 +3,17 @@
     .venv/bin/python -m pytest -q -s tests/test_attacks.py
 
 Each case is a notebook of the cut-down course (tests/grading_course.py: two
-graded cells, 6 points each) with one attack or fault added to an answer
-cell, or to the notebook file. After one `autograde --jobs 2` of the whole
-class, every case must have its honest score (0 for an unfinished notebook
-however it tries to inflate it, 12 for a correct one whatever else it does,
-6 where the fault breaks one function), every student must be graded with
-feedback or have a named reason, and nothing may be left behind: no
-process, no lock, no change to the gradebook after the run, no file the
-grader was tricked into writing.
+graded cells, 6 points each, and here also 02's argument-error cell, 5
+points, whose verdict rests on what the ranks report) with one attack or
+fault added to an answer cell, or to the notebook file. After one
+`autograde --jobs 2` of the whole class, every case must have its honest
+score on the two cells (0 for an unfinished notebook however it tries to
+inflate it, 12 for a correct one whatever else it does, 6 where the fault
+breaks one function), the cells a case forges in its own process must score
+0 or be flagged for review, every student must be graded with feedback or
+have a named reason, and nothing may be left behind: no process, no lock, no
+change to the gradebook after the run, no file the grader was tricked into
+writing.
 """
 
 from __future__ import annotations
@@ -31,12 +34,14 @@ from dataclasses import dataclass
 import pytest
 
 from autograder.grading.feedback import MAX_FEEDBACK_CHARS, MAX_RECORD_CHARS, page_chars
-from grading_course import (A, edit, env, gradebook, make_mini_course, needs_sandbox, notebook_name, records,
+from grading_course import (A, KEEP, edit, env, gradebook, make_mini_course, needs_sandbox, notebook_name, records,
                             reference, release, run_grade, write_submission)
+from test_forged_verdicts import REBIND_THE_RUNNER, REPLACE_THE_RUNNERS_CODE
 
 TOKEN = uuid.uuid4().hex[:8]
 CGROUPS = os.access("/sys/fs/cgroup/pids", os.W_OK) or os.path.exists("/sys/fs/cgroup/cgroup.controllers")
 CELL = "tp_mappings"  # the answer cell the attacks are written into
+ARGS = "test_argument_errors"  # a cell whose verdict rests on what the ranks report (the error's type and words)
 ROOT_EXPR = "__import__('os').path.dirname(__import__('os').path.dirname(__import__('autograder').__file__))"
 
 # each test grades a class (or runs the whole catalogue in its fixture)
@@ -52,6 +57,7 @@ class Case:
     notebook: object = None  # a callable(course) -> the notebook (dict or raw text), instead of base + code
     reason: str = ""     # for a submission that cannot be graded: part of the reason
     message: str = ""    # part of the message of every cell that lost points
+    forged: tuple = ()   # cells the attack forges in its own process: 0 points, or flagged
 
 
 CASES = [
@@ -151,6 +157,12 @@ CASES = [
          "import autograder.checks.tensor_parallel as _m\n"
          "for _n in dir(_m):\n    if _n.endswith('_rank') and callable(getattr(_m, _n)):\n"
          "        setattr(_m, _n, lambda rank, world_size, *a, **k: {'forged': True})"),
+    # the runner replaced in the notebook's own process so that every invalid call "raised ValueError naming
+    # the sizes" (0 -> 5 before): rebound by name it serves nothing (the zygote's runtime is bound before the
+    # cells run); its code replaced in place, the cell is flagged (tests/test_forged_verdicts.py)
+    Case("forges_argument_errors_by_rebinding_the_runner", "untouched", REBIND_THE_RUNNER, forged=(ARGS,)),
+    Case("forges_argument_errors_by_replacing_the_runners_code", "untouched", REPLACE_THE_RUNNERS_CODE,
+         forged=(ARGS,)),
     Case("forged_frames_on_every_descriptor", "untouched",
          "import os as _o, json as _j, struct as _st\nfor _fd in range(3, 40):\n    for _i in range(1, 30):\n"
          "        _h = _j.dumps({'id': _i, 'ok': True}).encode()\n        try:\n"
@@ -365,7 +377,7 @@ def _processes_mentioning(*needles: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    course = make_mini_course(tmp_path_factory.mktemp("attacks"))
+    course = make_mini_course(tmp_path_factory.mktemp("attacks"), keep=KEEP + (ARGS,))
     other = str(tmp_path_factory.mktemp("another-checkout"))  # a second copy of the course on the machine
     shutil.copytree(os.path.join(course, "source"), os.path.join(other, "source"))
     write_submission(course, "honest-reference", reference(course))
@@ -460,11 +472,14 @@ def test_each_case_gets_its_honest_score(graded, case):
         assert rec["score"] == 0
         return
     assert rec["status"] == "graded", rec["reason"]
-    assert rec["score"] == case.expected, (rec["score"], [(c["grade_id"], c["message"][:300]) for c in rec["cells"]])
-    if case.message:
-        for c in rec["cells"]:
-            if c["points"] < c["max_points"]:
-                assert case.message in c["message"], (c["grade_id"], c["message"][:500])
+    score = sum(c["points"] for c in rec["cells"] if c["grade_id"] in KEEP)  # the two cells every case is about
+    assert score == case.expected, (score, [(c["grade_id"], c["message"][:300]) for c in rec["cells"]])
+    for c in rec["cells"]:
+        if c["grade_id"] in case.forged:
+            assert c["points"] == 0 or c["flagged"] and c.get("flag"), \
+                f"{case.name}: {c['grade_id']} got {c['points']} points from a forgery, unflagged"
+        if case.message and c["grade_id"] in KEEP and c["points"] < c["max_points"]:
+            assert case.message in c["message"], (c["grade_id"], c["message"][:500])
     feedback = os.path.join(course, "feedback", _student(case), A, notebook_name(course).replace(".ipynb", ".html"))
     assert os.path.exists(feedback), "no feedback"
     html = open(feedback, encoding="utf-8").read()
@@ -558,7 +573,7 @@ def test_thousands_of_large_outputs_keep_the_feedback_and_the_record_under_their
 def test_a_cell_with_an_empty_grade_id_gets_feedback_as_a_cell_of_the_students(graded):
     course, recs, _, _ = graded
     rec = recs["cell-with-an-empty-grade-id"]
-    assert rec["feedback_html"] and rec["score"] == 12
+    assert rec["feedback_html"] and sum(c["points"] for c in rec["cells"] if c["grade_id"] in KEEP) == 12
     assert "a cell marked for grading without a grading id (grade_id ''): kept, not graded" in rec["warnings"]
     page = _feedback_page(course, "cell_with_an_empty_grade_id")
     assert "my own test passed" in page and '<a name=""' not in page  # shown as the student's cell, not graded
@@ -576,16 +591,20 @@ def test_an_unclosed_parenthesis_is_named_with_its_cell_and_line_in_the_record_t
     first = f"SyntaxError: '(' was never closed (answer cell of Exercise 1 (tp_mappings), line {line})"
     rec = recs["unclosed-parenthesis-in-an-answer-cell"]
     for c in rec["cells"]:
+        if c["grade_id"] not in KEEP:
+            continue  # (the argument-error cell needs the broken cell's functions too)
         assert c["message"].startswith(first + "\n    " + UNCLOSED[1]), c["message"][:400]
         assert "was never defined:\nNameError: Exercise 1 " in c["message"], c["message"][:600]
-    assert f"note: test_copy_to_region, test_reduce_from_region: {first}" in " ".join(stdout.split())  # the table
+    lost = [c["grade_id"] for c in rec["cells"] if c["message"].startswith(first)]
+    assert f"note: {', '.join(lost)}: {first}" in " ".join(stdout.split())  # the table
     page = _html.unescape(_feedback_page(course, "unclosed_parenthesis_in_an_answer_cell"))
-    assert page.count(first) == 3, "the answer cell and both test cells name the error"  # (the answer cell's own)
+    assert page.count(first) == 1 + len(lost), "the answer cell and each test cell name the error"
 
 
 def test_the_honest_reference_among_them_gets_full_marks(graded):
     _, recs, _, _ = graded
-    assert recs["honest-reference"]["score"] == 12
+    assert recs["honest-reference"]["score"] == 17  # the two cells and the argument-error cell
+    assert not any(c["flagged"] for c in recs["honest-reference"]["cells"])
 
 
 def test_nothing_is_left_behind_and_nothing_changes_afterwards(graded):
@@ -615,7 +634,7 @@ def test_a_gradebook_held_locked_by_another_process_is_waited_for(graded):
     proc = run_grade(course, "autograde", A, "--jobs", "2", "--quiet")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert time.monotonic() >= release_at - 0.5
-    assert gradebook(course)["late-student"] == {"test_copy_to_region": 6.0, "test_reduce_from_region": 6.0}
+    assert gradebook(course)["late-student"] == {"test_copy_to_region": 6.0, "test_reduce_from_region": 6.0, ARGS: 5.0}
     proc = run_grade(course, "scores")
     assert proc.returncode == 0 and "late-student" in proc.stdout
 

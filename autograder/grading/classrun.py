@@ -402,15 +402,23 @@ def _grade_into(record: dict, job: dict, work: str) -> None:
             if verdicts[gid].backend_note:
                 cell["outputs"].append({"output_type": "stream", "name": "stdout",
                                         "text": verdicts[gid].backend_note + "\n"})
+    disagree = []
     for gid, v in verdicts.items():
         seen = saw.get(gid)
-        flagged = seen is not None and v.visible_passed is not None and seen != v.visible_passed
+        flagged = seen is not None and v.visible_passed is not None and seen != v.visible_passed \
+            and not v.inconclusive
+        disagree += [gid] * flagged
         record["cells"].append({"grade_id": gid, "points": v.points, "max_points": v.max_points,
                                 "passed": v.passed, "visible_passed": v.visible_passed, "saved_passed": seen,
-                                "flagged": flagged and not v.inconclusive, "message": v.message[:4000],
+                                "flagged": flagged or bool(v.flag), "message": v.message[:4000],
                                 **({"backend_note": v.backend_note} if v.backend_note else {}),
-                                **({"inconclusive": v.inconclusive} if v.inconclusive else {})})
+                                **({"inconclusive": v.inconclusive} if v.inconclusive else {}),
+                                **({"flag": v.flag[:1000]} if v.flag else {})})  # integrity: could be forged
     record["needs_regrade"] = [c["grade_id"] for c in record["cells"] if c.get("inconclusive")]
+    forged = sorted({v.flag for v in verdicts.values() if v.flag})
+    if forged:
+        cells = ", ".join(g for g, v in verdicts.items() if v.flag)
+        record["warnings"].append(f"{forged[0][:1000]} (flagged: {cells})")
     record["score"] = round(sum(c["points"] for c in record["cells"]), 4)
     record["max_score"] = round(sum(c["max_points"] for c in record["cells"]), 4) or record["max_score"]
     from autograder.grading.trusted import cell_error_line
@@ -420,9 +428,9 @@ def _grade_into(record: dict, job: dict, work: str) -> None:
         lost = [c["grade_id"] for c in record["cells"] if not c["passed"] and c["message"].startswith(line)]
         if lost:
             record["warnings"].append(f"{', '.join(lost)}: {line}")
-    if any(c["flagged"] for c in record["cells"]):
+    if disagree:
         record["warnings"].append("the outputs saved in the notebook and the trusted grader disagree on "
-                                  + ", ".join(c["grade_id"] for c in record["cells"] if c["flagged"])
+                                  + ", ".join(disagree)
                                   + " (the trusted verdict is the grade)")
     course = os.path.join(work, "course")
     shutil.copytree(job["template"], course)
@@ -994,6 +1002,10 @@ def _note(rec: dict) -> str | None:
     if rec.get("needs_regrade"):
         return ("Needs regrade (infrastructure): the grading machine was too busy to decide "
                 + ", ".join(rec["needs_regrade"]) + "; the next `autograde` run grades this submission again.")
+    forged = [c for c in rec["cells"] if c.get("flag")]
+    if forged:
+        return (f"Review this submission: {forged[0]['flag']} (flagged: "
+                + ", ".join(c["grade_id"] for c in forged) + ").")
     flagged = [c["grade_id"] for c in rec["cells"] if c.get("flagged")]
     if flagged:
         return ("The notebook's own run and the trusted grader disagree on " + ", ".join(flagged)

@@ -29,7 +29,11 @@ transformer exist only in the zygote. What the ranks report about themselves
 (their outputs and their communication ledger) is produced next to the
 student's code, and a submission written to forge it would pass: that is
 cheating by design, not a fault the grader can tell from a correct solution,
-and the threat model in the README says so.
+and the threat model in the README says so. The zygote serves with the
+runtime bound before the student's cells ran, and a notebook whose code
+reaches into that runtime has its points flagged for review
+(autograder.grading.integrity). A failed hidden case's message says which
+case and how, never its data (autograder.grading.redact).
 """
 
 from __future__ import annotations
@@ -317,6 +321,13 @@ def _zygote_main(inputs: str, workdir: str, output_limit: int) -> None:
     import torch  # noqa: F401 - before forking ranks (spec 6)
 
     import autograder.runtime.agreement  # noqa: F401 - dispatch-mode imports, paid once
+    from autograder.grading.integrity import Guard
+
+    # what serves the grader, bound before the student's cells run (a cell that rebinds any of it by name
+    # changes nothing sent back), and a baseline of the runtime to tell the grader what the cells replaced
+    guard = Guard()
+    guard.tools.update(serve=_serve, send_frame=send_frame, read_frame=read_frame, to_bytes=_to_bytes,
+                       resolve=resolve, StudentRef=StudentRef, changed=guard.changed)
 
     with open(os.path.join(inputs, "submission.ipynb"), encoding="utf-8") as f:
         nb = json.load(f)
@@ -340,10 +351,12 @@ def _zygote_main(inputs: str, workdir: str, output_limit: int) -> None:
             if isinstance(exc, KeyboardInterrupt):
                 raise
             cell_errors.append(_cell_error(filename, exc))
+        guard.tools["changed"]()  # what this cell replaced; the modules it imported are baselined from here
     with contextlib.suppress(OSError):
         os.remove(reserve)
-    send_frame(reply, {"ready": True, "cell_errors": cell_errors[:50]})
-    _serve(requests, reply, namespace)
+    tools = guard.tools
+    tools["send_frame"](reply, {"ready": True, "cell_errors": cell_errors[:50], "tampered": tools["changed"]()})
+    tools["serve"](requests, reply, namespace, tools)
 
 
 def _cell_error(filename: str, exc: BaseException) -> dict:
@@ -358,12 +371,19 @@ def _cell_error(filename: str, exc: BaseException) -> dict:
     return {"cell": filename, "error": f"{type(exc).__name__}: {exc}"[:500], "line": line}
 
 
-def _serve(requests: int, reply: int, namespace: dict) -> None:
-    """Answer the grader's requests until it closes the channel."""
-    import cloudpickle
+def _serve(requests: int, reply: int, namespace: dict, tools: dict) -> None:
+    """Answer the grader's requests until it closes the channel, with `tools` (bound before the student's
+    cells ran); every reply says what of the runtime is no longer as it was then (`tampered`)."""
+    read_frame, loads, resolve, StudentRef = tools["read_frame"], tools["loads"], tools["resolve"], tools["StudentRef"]
+    run_distributed, DistributedError = tools["run_distributed"], tools["DistributedError"]
+    InconclusiveRun = tools["InconclusiveRun"]
+    _exception_record, dumps, asdict = tools["exception_record"], tools["json_dumps"], tools["asdict"]
 
-    from autograder.runtime import dist
-    from autograder.runtime.dist import _exception_record
+    def send_frame(fd, header, blob=b""):
+        tools["send_frame"](fd, {**header, "tampered": tools["changed"]()}, blob)
+
+    def _to_bytes(value):
+        return tools["to_bytes"](value, tools["save"])
 
     while True:
         try:
@@ -372,21 +392,20 @@ def _serve(requests: int, reply: int, namespace: dict) -> None:
             return  # the grader is done
         rid = req.get("id")
         try:
-            fn_or_name, *rest = cloudpickle.loads(payload)
+            fn_or_name, *rest = loads(payload)
             if req.get("op") == "run":
                 world_size, kwargs = rest
                 kwargs = dict(kwargs)
                 kwargs["args"] = resolve(kwargs.get("args", ()), namespace)
                 try:
-                    result = dist.run_distributed(fn_or_name, world_size, **kwargs)
+                    result = run_distributed(fn_or_name, world_size, **kwargs)
                     send_frame(reply, {"id": rid, "ok": True}, _to_bytes(result))
-                except dist.InconclusiveRun as exc:
+                except InconclusiveRun as exc:
                     send_frame(reply, {"id": rid, "ok": False, "kind": "inconclusive"},
-                               json.dumps({"inconclusive": exc.summary[:4000]}).encode())
-                except dist.DistributedError as exc:
+                               dumps({"inconclusive": exc.summary[:4000]}).encode())
+                except DistributedError as exc:
                     send_frame(reply, {"id": rid, "ok": False, "kind": "distributed"},
-                               json.dumps({"summary": exc.summary, "failures": [dataclasses.asdict(f)
-                                                                                for f in exc.failures]}).encode())
+                               dumps({"summary": exc.summary, "failures": [asdict(f) for f in exc.failures]}).encode())
             else:  # "call": a student function called by a check in the grader
                 args, kwargs = rest
                 try:
@@ -397,7 +416,7 @@ def _serve(requests: int, reply: int, namespace: dict) -> None:
                     if isinstance(exc, KeyboardInterrupt):
                         raise
                     send_frame(reply, {"id": rid, "ok": False, "kind": "call"},
-                               json.dumps(_exception_record(exc)).encode())
+                               dumps(_exception_record(exc)).encode())
         except ChannelError:
             return
         except BaseException as exc:  # noqa: BLE001 - never die on a bad request
@@ -411,11 +430,11 @@ def _serve(requests: int, reply: int, namespace: dict) -> None:
                 return
 
 
-def _to_bytes(value) -> bytes:
+def _to_bytes(value, save=None) -> bytes:
     import torch
 
     buf = io.BytesIO()
-    torch.save(value, buf)
+    (save or torch.save)(value, buf)
     return buf.getvalue()
 
 
@@ -482,6 +501,7 @@ class ZygoteClient:
         self.output_limit = output_limit
         self.proc = None
         self.cell_errors: list = []
+        self.tampered: list[str] = []  # what the zygote says the cells replaced in its runtime (integrity.Guard)
         self.starts = 0
         self._next = 0
         # why each run or call that could not be decided was not (the machine too busy, the channel silent):
@@ -530,10 +550,17 @@ class ZygoteClient:
         if not msg.get("ready"):
             self.close()
             raise RuntimeError("the submission's process did not start serving the grader")
+        self._note_tampered(msg)
         errors = msg.get("cell_errors") or []
         self.cell_errors = [{"cell": str(e.get("cell", ""))[:100], "error": str(e.get("error", ""))[:500],
                              "line": e["line"] if type(e.get("line")) is int and 0 < e["line"] < 1 << 30 else None}
                             for e in errors[:50] if isinstance(e, dict)] if isinstance(errors, list) else []
+
+    def _note_tampered(self, header: dict) -> None:
+        said = header.get("tampered")
+        for item in said[:20] if isinstance(said, list) else []:
+            if isinstance(item, str) and item[:200] not in self.tampered and len(self.tampered) < 20:
+                self.tampered.append(item[:200])
 
     def _alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -622,6 +649,7 @@ class ZygoteClient:
                     raise ChannelError("timeout")
                 header, blob = read_frame(self._out, time.monotonic() + 60.0)
                 if header.get("id") == rid:
+                    self._note_tampered(header)
                     break
         except ChannelError as exc:
             self.close()
@@ -702,6 +730,7 @@ class CellVerdict:
     visible_passed: bool | None = None  # the visible part alone (what the student's own run showed)
     backend_note: str | None = None  # the cell run again on a second backend (NCCL): not graded
     inconclusive: str | None = None  # why this cell could not be decided (the machine, not the code): no verdict
+    flag: str | None = None  # why its points could rest on what the student's process forged (integrity)
 
 
 def _meta(cell) -> dict:
@@ -880,14 +909,22 @@ def _backend_note(code: str, namespace: dict, backend: str, label: str) -> str:
     shown = {"nccl": "NCCL"}.get(backend, backend)
     ns, calls = _on_backend(namespace, backend)
     t0 = time.monotonic()
-    ok, msg = _exec_test(code, ns, label)
+    visible, hidden = _split_hidden(code)
+    ok, msg = _exec_test(visible, ns, label)
+    in_hidden = ok and hidden is not None and not (calls and calls[-1] is None)
+    if in_hidden:  # a hidden case's failure: which and how, not its data (autograder.grading.redact)
+        from autograder.grading.redact import run_hidden
+
+        ok, msg = run_hidden(hidden, ns, label)
     if calls and calls[-1] is None:
-        return f"{shown}: skipped after {len(calls) - 1} check(s): {msg.split(': ', 1)[-1]}"
+        why = "a hidden case needs more GPUs than this machine has" if in_hidden else msg.split(': ', 1)[-1]
+        return f"{shown}: skipped after {len(calls) - 1} check(s): {why}"
     if not calls:
         return f"{shown}: no distributed check in this cell"
     if ok:
         return f"{shown}: passed ({len(calls)} check(s), {time.monotonic() - t0:.1f} s; not graded)"
-    first = msg.strip().splitlines()[-1] if msg.strip() else "failed"
+    lines = msg.strip().splitlines()
+    first = (lines[1] if in_hidden and len(lines) > 1 else lines[-1]) if lines else "failed"
     return f"{shown}: FAILED (not graded): {first[:400]}"
 
 
@@ -921,6 +958,7 @@ def grade_notebook(submitted: dict, source: dict, *, inputs: str | None = None, 
     With `second_backend` ("nccl" on a GPU grading node), each test cell runs
     again with its checks on that backend: a note per cell, no points.
     """
+    from autograder.grading.redact import run_hidden
     from autograder.runtime import dist
     from autograder.runtime.report import show_internals  # noqa: F401 - the checks' messages, as in the notebook
 
@@ -992,12 +1030,13 @@ def grade_notebook(submitted: dict, source: dict, *, inputs: str | None = None, 
                 ok_v, msg_v = _exec_test(visible, namespace, f"<test {gid}>")
                 ok, msg = ok_v, msg_v
                 if ok_v and hidden is not None:
-                    ok, msg_h = _exec_test(hidden, namespace, f"<test {gid}>")
+                    ok, msg_h = run_hidden(hidden, namespace, f"<test {gid}>")  # which case and how, not its data
                     msg = msg_h if not ok else msg_v
                 if not ok and (len(client.inconclusive) > undecided
                                or msg.partition(":")[0].endswith("InconclusiveRun")):
                     # a run of this cell could not be decided: its failure is the machine's, not a verdict
                     why = client.inconclusive[-1] if len(client.inconclusive) > undecided else msg
+                    why = msg if ok_v and hidden is not None else why  # a hidden case's: which and how, no data
                     verdicts[gid] = CellVerdict(gid, False, 0.0, points, f"{NOT_DECIDED}. {why[:1500]}",
                                                 ok_v or None,
                                                 inconclusive=why[:1500])
@@ -1009,6 +1048,9 @@ def grade_notebook(submitted: dict, source: dict, *, inputs: str | None = None, 
                     # the whole cell, visible and hidden (its marker lines are comments)
                     note = _backend_note(_src(c), namespace, second_backend, f"<test {gid}>")
                 verdicts[gid] = CellVerdict(gid, ok, points if ok else 0.0, points, msg, ok_v, note)
+            from autograder.grading.integrity import flag_verdicts, scan_notebook
+
+            flag_verdicts(verdicts, scan_notebook(_executable_cells(submitted), source), client.tampered)
         finally:
             dist.set_executor(None)
             client.__exit__(None, None, None)

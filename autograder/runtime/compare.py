@@ -22,6 +22,7 @@ class CheckFailure(AssertionError):
     (`rank 1: lse`), where an element-wise comparison raised it."""
 
     subject: str = ""
+    kinds: tuple = ()  # what a `Findings` found: "communication", "values" (a hidden case's verdict names them)
 
 
 class Findings:
@@ -81,7 +82,9 @@ class Findings:
                 parts.append(f"{lead or 'Wrong: '}{_wrong_tensors(self.subjects)}; the first in detail:")
                 lead = ""
             parts.append(lead + self.numeric[0])
-        raise CheckFailure("\n".join(parts))
+        failure = CheckFailure("\n".join(parts))
+        failure.kinds = ("communication",) * bool(self.comm) + ("values",) * bool(self.numeric)
+        raise failure
 
 
 def _subject_of(message: str) -> str:
