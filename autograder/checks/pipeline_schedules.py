@@ -216,67 +216,103 @@ def owner_of(style: str, p: int, stage: int) -> int:
     return stage % p
 
 
+PAIR_MODELS = ("sequential", "joint")
+
+
 def simulate_schedules(schedules, *, num_chunks: int = 1, forward: float = 1.0, backward: float = 2.0,
-                       weight: float | None = None, style: str = "loop") -> dict:
+                       weight: float | None = None, style: str = "loop", pairs: str = "sequential",
+                       pair_time: float | None = None) -> dict:
     """Run every stage's action list together on an ideal timeline (no communication time).
 
     `schedules[r]` is rank r's list. A forward of stage k > 0 starts when the
     same micro-batch's forward of stage k - 1 has finished; a backward of stage
     k < last when stage k + 1's backward (B) of it has; a W after its own B;
-    each rank runs its actions in order, one at a time (an ("F&B", f, b) pair as
-    f then b). Costs: `forward` and `backward` (the whole backward) per stage
-    and micro-batch, split over the chunks; a B whose W comes later in the list
-    costs `backward - weight`, its W `weight` (default: half the backward).
-    Chunks are placed by `style` ("loop": chunk c of rank r is stage c p + r;
-    "v": stage r and 2p - 1 - r). Returns {"events": per rank [(kind, mb,
-    chunk, start, end)], "makespan", "idle_fraction", "idle": per rank idle
-    time}, or {"deadlock": text} when no rank can make progress (blocking
-    receives would wait forever).
+    each rank runs its actions in order, one at a time. Costs: `forward` and
+    `backward` (the whole backward) per stage and micro-batch, split over the
+    chunks; a B whose W comes later in the list costs `backward - weight`, its
+    W `weight` (default: half the backward). Chunks are placed by `style`
+    ("loop": chunk c of rank r is stage c p + r; "v": stage r and 2p - 1 - r).
+
+    An ("F&B", f, b) pair runs by one of two models (`pairs`):
+    - "sequential" (the course's executor, `run_pipeline_zb`): f, then b, each
+      starting when its own input is there; f's output leaves when f ends;
+    - "joint" (DeepSeek's DualPipe, `_forward_backward_chunk`: both receives,
+      then the overlapped computation, then both sends): the pair starts when
+      both inputs are there, and both outputs leave when the pair ends. It
+      lasts `pair_time` per stage (split over the chunks like the other
+      costs; the `F&B` of DualPipe's README), by default f's cost plus b's: no
+      overlap. `pair_time` needs pairs="joint" (a pair shorter than its two
+      halves is a pair computed as one).
+
+    Returns {"events": per rank [(kind, mb, chunk, start, end)] (a joint pair
+    drawn as its f then its b, in proportion to their costs), "makespan",
+    "idle_fraction", "idle": per rank idle time}, or {"deadlock": text} when no
+    rank can make progress (blocking receives would wait forever).
     """
+    if pairs not in PAIR_MODELS:
+        raise ValueError(f"simulate_schedules: pairs must be 'sequential' or 'joint', got {pairs!r}")
+    if pair_time is not None and pairs != "joint":
+        raise ValueError("simulate_schedules: pair_time (an overlapped pair's time) needs pairs='joint'; "
+                         "sequential pairs run as their two halves")
     p = len(schedules)
     v = num_chunks
     w_cost = backward / 2 if weight is None else weight
-    acts = [_flat(_normalize(list(s), what=f"stage {r}", num_chunks=v, zero_bubble=True)) for r, s in
-            enumerate(schedules)]
-    deferred = [{(mb, c) for kind, mb, c in a if kind == "W"} for a in acts]
+    normalized = [_normalize(list(s), what=f"stage {r}", num_chunks=v, zero_bubble=True) for r, s in
+                  enumerate(schedules)]
+    deferred = [{(mb, c) for kind, mb, c in _flat(a) if kind == "W"} for a in normalized]
+    # the units a rank runs one at a time: an action, or a joint pair (its two halves together)
+    units = [[a[1:] if a[0] == "F&B" else (a,) for a in n] if pairs == "joint" else [(a,) for a in _flat(n)]
+             for n in normalized]
     last = p * v - 1
     done: dict[tuple, float] = {}
     pos = [0] * p
     free = [0.0] * p
     events = [[] for _ in range(p)]
-    total = sum(len(a) for a in acts)
+    total = sum(len(u) for u in units)
     finished = 0
+
+    def dependency_and_cost(r, action):
+        kind, mb, c = action
+        k = stage_of(style, p, r, c)
+        if kind == "F":
+            return (("F", mb, k - 1) if k > 0 else None), forward, k
+        if kind == "B":
+            return (("B", mb, k + 1) if k < last else ("F", mb, k)), (
+                backward - w_cost if (mb, c) in deferred[r] else backward), k
+        return ("B", mb, k), w_cost, k
+
     while finished < total:
         progressed = False
         for r in range(p):
-            while pos[r] < len(acts[r]):
-                kind, mb, c = acts[r][pos[r]]
-                k = stage_of(style, p, r, c)
-                if kind == "F":
-                    dep = ("F", mb, k - 1) if k > 0 else None
-                    cost = forward
-                elif kind == "B":
-                    dep = ("B", mb, k + 1) if k < last else ("F", mb, k)
-                    cost = backward - w_cost if (mb, c) in deferred[r] else backward
-                else:
-                    dep, cost = ("B", mb, k), w_cost
-                if dep is not None and dep not in done:
+            while pos[r] < len(units[r]):
+                unit = units[r][pos[r]]
+                planned = [dependency_and_cost(r, a) for a in unit]
+                inside = {(a[0], a[1], k) for a, (_, _, k) in zip(unit, planned)}
+                deps = [dep for dep, _, _ in planned if dep is not None and dep not in inside]
+                if any(dep not in done for dep in deps):
                     break
-                start = max(free[r], done[dep] if dep is not None else 0.0)
-                end = start + cost / v
-                done[(kind, mb, k)] = end
-                free[r] = end
-                events[r].append((kind, mb, c, start, end))
+                start = max([free[r]] + [done[dep] for dep in deps])
+                costs = [cost / v for _, cost, _ in planned]
+                length = sum(costs) if pair_time is None or len(unit) == 1 else pair_time / v
+                t = start
+                for (kind, mb, c), (_, _, k), cost in zip(unit, planned, costs):
+                    share = length * cost / sum(costs) if sum(costs) > 0 else 0.0
+                    events[r].append((kind, mb, c, t, t + share))
+                    t += share
+                    done[(kind, mb, k)] = start + length if len(unit) > 1 else t
+                free[r] = start + length
                 pos[r] += 1
                 finished += 1
                 progressed = True
         if not progressed:
             lines = []
             for r in range(p):
-                if pos[r] >= len(acts[r]):
+                if pos[r] >= len(units[r]):
                     lines.append(f"stage {r}: finished")
                     continue
-                kind, mb, c = acts[r][pos[r]]
+                unit = units[r][pos[r]]
+                deps = [(a, dependency_and_cost(r, a)[0]) for a in unit]
+                kind, mb, c = next(a for a, dep in deps if dep is not None and dep not in done)
                 k = stage_of(style, p, r, c)
                 if kind == "F":
                     need = f"F{mb} of stage {k - 1} (rank {owner_of(style, p, k - 1)})"
@@ -287,7 +323,7 @@ def simulate_schedules(schedules, *, num_chunks: int = 1, forward: float = 1.0, 
                 elif style == "loop":
                     need = (f"stage {(k - 1) % p}'s F{mb} (chunk {(k - 1) // p})" if kind == "F" else
                             f"stage {(k + 1) % p}'s B{mb} (chunk {(k + 1) // p})")
-                me = _action_text((kind, mb) if v == 1 else (kind, mb, c))
+                me = "&".join(_action_text(a[:2] if v == 1 else a) for a in unit)
                 lines.append(f"stage {r}: blocked at action {pos[r]} ({me}), waiting for {need}")
             return {"deadlock": "\n  ".join(lines)}
     makespan = max((e[-1][4] for e in events if e), default=0.0)
@@ -304,7 +340,8 @@ def show_schedules(schedule_fn, num_stages: int, num_microbatches: int, num_chun
     chunks; a B whose W comes later 2 - W, its W `weight`, 1 by default),
     communication takes no time (`simulate_schedules`). For a V schedule
     (`style="v"`: two chunks per rank, called as `schedule_fn(p, stage, m)`)
-    give num_chunks=2.
+    give num_chunks=2. Lists with overlapped F&B pairs get both pair models of
+    `simulate_schedules`: the course's (sequential) and DualPipe's (joint).
     """
     for name, value in (("num_stages", num_stages), ("num_microbatches", num_microbatches),
                         ("num_chunks", num_chunks)):
@@ -326,6 +363,11 @@ def show_schedules(schedule_fn, num_stages: int, num_microbatches: int, num_chun
     line = f"ideal timeline ({costs}, no communication time): idle fraction {sim['idle_fraction']:.4f}"
     if style == "loop" and not split:
         line += f"; (p - 1) / (v m + p - 1) = {pp_bubble_fraction(p, m, v):.4f}"
+    if any(a[0] == "F&B" for acts in lists for a in acts):
+        joint = simulate_schedules(lists, num_chunks=v, style=style, weight=weight, pairs="joint")
+        line += (f" with each F&B pair run as its F then its B (the course's executor); "
+                 f"{joint['idle_fraction']:.4f} with each pair waiting for both inputs and sending both outputs "
+                 f"when it ends (DeepSeek's DualPipe)")
     print(line)
 
 

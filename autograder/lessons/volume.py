@@ -150,7 +150,7 @@ def dp_step_seconds(num_params: float, d: int, tokens_per_microbatch: int, *, li
 
 __all__ += ["pp_bubble_fraction", "pp_boundary_bytes", "pp_step_p2p_bytes", "pp_peak_outputs", "transformer_layer_flops",
             "pp_stage_seconds", "pp_bubble_seconds", "pp_step_seconds", "activation_bytes_per_layer",
-            "pp_stage_activation_bytes"]
+            "pp_stage_activation_bytes", "pp_bubble_time", "zb_readme_bubble_rate"]
 
 
 def pp_bubble_fraction(num_stages: int, num_microbatches: int, num_chunks: int = 1) -> float:
@@ -222,6 +222,47 @@ def pp_step_seconds(num_stages: int, num_microbatches: int, forward_s: float, ba
     """Step time of an ideal pipeline: m (t_f + t_b) of work plus the bubble."""
     return num_microbatches * (forward_s + backward_s) + pp_bubble_seconds(num_stages, forward_s, backward_s,
                                                                            num_chunks)
+
+
+def pp_bubble_time(schedule: str, num_stages: int, *, forward: float, backward: float, weight: float = 0.0,
+                   pair: float | None = None) -> float:
+    """Idle time per rank of one step, as its source states it: F (`forward`), B (`backward`, the whole backward)
+    and W (`weight`, the weight-gradient part of B) are one stage's times on one micro-batch.
+
+    "1f1b": (p - 1)(F + B); "zb-h1": (p - 1)(F + B - 2W) (Qi et al. 2024, ZB-H1; the ZB1P row of DualPipe's
+    README); "dualpipe": (PP/2 - 1)(F&B + B - 3W), DualPipe's README (DeepSeek-V3 report, Table 2), where
+    `num_stages` is its PP (stages, not ranks: DualPipeV runs PP stages on PP/2 ranks), F, B, W are the times
+    of one of those stages and F&B (`pair`, default F + B: no overlap) the time of an overlapped forward and
+    backward pair. The course's simulator (`simulate_schedules`) reproduces the first two exactly (03's
+    exercise 7), and the third with `pairs="joint"` when F = B - W >= W (tests/test_pipeline_zero_bubble.py).
+    """
+    p, f, b, w = num_stages, forward, backward, weight
+    if p < 1:
+        raise ValueError(f"pp_bubble_time: num_stages must be >= 1, got {p}")
+    if schedule == "1f1b":
+        return (p - 1) * (f + b)
+    if schedule == "zb-h1":
+        return (p - 1) * (f + b - 2 * w)
+    if schedule == "dualpipe":
+        if p % 2:
+            raise ValueError(f"pp_bubble_time: DualPipe's PP (num_stages) must be even, got {p}")
+        return (p // 2 - 1) * ((f + b if pair is None else pair) + b - 3 * w)
+    raise ValueError(f"pp_bubble_time: schedule must be '1f1b', 'zb-h1' or 'dualpipe', got {schedule!r}")
+
+
+def zb_readme_bubble_rate(schedule: str, num_stages: int, num_microbatches: int) -> float:
+    """The bubble rates of the zero-bubble authors' README (sail-sg/zero-bubble-pipeline-parallelism, "Comparision
+    of Schedules", assuming T_F = T_B = T_W): 1F1B (p - 1)/(m + p - 1) =: R, ZB1P R/3, ZB2P and ZBV 0, V-Half
+    R/2, V-Min 2R/3 (the README adds an O(n) overhead it does not size: left out here). R/3 is a third of 1F1B's
+    bubble over 1F1B's step; ZB-H1's idle fraction of its own, shorter step is (p - 1)/(3m + p - 1)."""
+    p, m = num_stages, num_microbatches
+    if min(p, m) < 1:
+        raise ValueError(f"zb_readme_bubble_rate: p ({p}) and m ({m}) must be >= 1")
+    rate = (p - 1) / (m + p - 1)
+    factors = {"1f1b": 1.0, "zb1p": 1 / 3, "zb2p": 0.0, "zbv": 0.0, "v-half": 1 / 2, "v-min": 2 / 3}
+    if schedule not in factors:
+        raise ValueError(f"zb_readme_bubble_rate: schedule must be one of {sorted(factors)}, got {schedule!r}")
+    return rate * factors[schedule]
 
 
 def activation_bytes_per_layer(s: int, b: int, h: int, a: int, *, tp: int = 1, sequence_parallel: bool = False,
