@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import sys
 
 import pytest
@@ -31,6 +32,7 @@ sys.path.insert(0, ROOT)
 
 from autograder.checks import pipeline_zero_bubble as zb  # noqa: E402
 from autograder.checks.pipeline_schedules import _plain, owner_of, pending_peak, simulate_schedules, stage_of  # noqa: E402,E501
+from autograder.lessons.volume import pp_bubble_time, zb_readme_bubble_rate  # noqa: E402
 from autograder.runtime.dist import run_distributed  # noqa: E402
 from solutions.pipeline_parallel.executor_zb import _check_zb_args, run_pipeline_zb  # noqa: E402
 from solutions.pipeline_parallel.schedules import (  # noqa: E402
@@ -310,19 +312,126 @@ def test_zb_h1_bubble_formula_holds_exactly_when_every_w_fits():
             assert holds == (w <= f and w <= b_in), (p, m, f, b_in, w, idle, formula)
 
 
-def test_lesson_figures():
-    """04 §6-7: for p = 4, m = 8, F = 1, B = 2, W = 1: 1F1B 27.3 %, ZB-H1 11.1 %, DualPipeV 5.9 % idle; ZB-H1 holds
-    p micro-batches on every stage, DualPipeV 2p + 1 chunks; 1F1B's stage s holds p - s."""
+LESSON_04 = os.path.join("assignments", "03_pipeline_parallel", "04_interleaving_and_zero_bubble.md")
+
+
+def _section(rel: str, number: int) -> str:
+    """The text of section `number` (`## number. ...` up to the next `## `) of a lesson, English or Chinese."""
+    text = open(os.path.join(ROOT, rel), encoding="utf-8").read()
+    found = re.search(rf"^## {number}\.[^\n]*\n(.*?)(?=^## )", text, re.S | re.M)
+    assert found, f"{rel}: no section {number}"
+    return found.group(1)
+
+
+def _percents(text: str) -> list[str]:
+    return re.findall(r"(\d+(?:\.\d+)?) %", text)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def _lesson_numbers():
+    """What 04 §6-7 print, computed: p = 4, m = 8, F = 1, B = 2 (whole backward), W = 1 per stage."""
     p, m = 4, 8
     one = [one_f_one_b_schedule(p, s, m) for s in range(p)]
     zbh1 = [zb_h1_schedule(p, s, m) for s in range(p)]
     dpv = [dualpipev_schedule(p, s, m) for s in range(p)]
-    assert round(100 * simulate_schedules(one)["idle_fraction"], 1) == 27.3
-    assert round(100 * simulate_schedules(zbh1, weight=1.0)["idle_fraction"], 1) == 11.1
-    assert round(100 * simulate_schedules(dpv, num_chunks=2, style="v", weight=1.0)["idle_fraction"], 1) == 5.9
-    assert [pending_peak(a) for a in zbh1] == [p] * p
-    assert [pending_peak(a) for a in one] == [p - s for s in range(p)]
-    assert [pending_peak(a) for a in dpv] == [2 * p + 1] * p
+    v = dict(num_chunks=2, style="v", weight=1.0)
+    sims = {"1f1b": simulate_schedules(one), "zb-h1": simulate_schedules(zbh1, weight=1.0),
+            "sequential": simulate_schedules(dpv, **v), "joint": simulate_schedules(dpv, pairs="joint", **v),
+            "joint 2.5": simulate_schedules(dpv, pairs="joint", pair_time=2.5, **v)}
+    held = {"1f1b": max(pending_peak(a) for a in one), "zb-h1": max(pending_peak(a) for a in zbh1),
+            "dualpipev": max(pending_peak(a) for a in dpv) / 2}
+    return p, m, sims, held
+
+
+def test_lesson_figures():
+    """04 §6-7, every number the lesson prints about idle time, computed: for p = 4, m = 8, F = 1, B = 2, W = 1
+    1F1B 27.3 %, ZB-H1 11.1 % (the README's rates R = 27.3 % and R/3 = 9.1 %), DualPipeV 5.9 % with the course's
+    sequential pairs and 11.1 % with DeepSeek's joint ones; 24.5 against 27 with pairs of 2.5; the busiest
+    rank's activations; in the English lesson and its Chinese twin."""
+    p, m, sims, held = _lesson_numbers()
+    assert [_pct(sims[k]["idle_fraction"]) for k in ("1f1b", "zb-h1", "sequential", "joint")] == \
+        ["27.3", "11.1", "5.9", "11.1"]
+    assert sims["zb-h1"]["idle_fraction"] == pytest.approx((p - 1) / (3 * m + p - 1))
+    rate, third = zb_readme_bubble_rate("1f1b", p, m), zb_readme_bubble_rate("zb1p", p, m)
+    assert rate == pytest.approx(sims["1f1b"]["idle_fraction"]) and _pct(third) == "9.1"
+    # joint = the README's formula (PP = 2p stages of half a stage each), = ZB-H1's bubble; sequential = half of it
+    dualpipe = pp_bubble_time("dualpipe", 2 * p, forward=0.5, backward=1.0, weight=0.5)
+    assert dualpipe == 3.0 == pp_bubble_time("zb-h1", p, forward=1, backward=2, weight=1)
+    assert sims["joint"]["idle"] == [dualpipe] * p and sims["sequential"]["idle"] == [dualpipe / 2] * p
+    # overlap: pairs of 2.5 instead of 3; the most idle ranks idle the README's bubble with F&B = 2.5
+    assert (sims["joint 2.5"]["makespan"], sims["zb-h1"]["makespan"]) == (24.5, 27.0)
+    assert _pct(1 - 24.5 / 27.0) == "9.3"
+    assert max(sims["joint 2.5"]["idle"]) == pp_bubble_time("dualpipe", 8, forward=0.5, backward=1.0, weight=0.5,
+                                                            pair=1.25)
+    # W < F: F = B - W = 2, W = 1 (B = 3): joint DualPipeV 7.5, ZB-H1 9 stage-times per rank
+    dpv = [dualpipev_schedule(p, s, m) for s in range(p)]
+    wide = simulate_schedules(dpv, num_chunks=2, style="v", forward=2, backward=3, weight=1, pairs="joint")["idle"]
+    zb_wide = simulate_schedules([zb_h1_schedule(p, s, m) for s in range(p)], forward=2, backward=3, weight=1)["idle"]
+    assert wide == [7.5] * p and zb_wide == [9.0] * p and 9.0 - 7.5 == (p - 1) * (2 - 1) / 2
+    assert held == {"1f1b": 4, "zb-h1": 4, "dualpipev": 4.5}
+    for rel in (LESSON_04, os.path.join("zh", LESSON_04)):
+        six, seven = _section(rel, 6), _section(rel, 7)
+        assert set(_percents(six)) == {"27.3", "11.1", "9.1"}, (rel, _percents(six))
+        rows = [_percents(line) for line in seven.splitlines() if line.startswith("|") and " % |" in line]
+        assert rows == [["27.3"], ["11.1"], ["5.9"], ["11.1"]], (rel, rows)
+        table = [line for line in seven.splitlines() if line.startswith("|") and " % |" in line]
+        assert [re.match(r"[\d.]+", line.rstrip(" |").rsplit("| ", 1)[1]).group() for line in table] == \
+            ["4", "4", "4.5", "4.5"], rel
+        assert set(_percents(seven)) == {"27.3", "11.1", "5.9", "9.3"}, (rel, _percents(seven))
+        for number in ("24.5", "27", "7.5", "9", "2.5"):
+            assert re.search(rf"(?<![\d.]){re.escape(number)}(?![\d.])", seven), (rel, number)
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (3, 6), (4, 8), (4, 11), (5, 10), (6, 12)])
+def test_only_joint_pairs_reproduce_dualpipes_formula(p, m):
+    """04 §7: with DeepSeek's pair model (both inputs before the pair, both outputs after it) every rank of
+    DualPipeV idles DualPipe's README bubble (PP/2 - 1)(F&B + B - 3W) whenever F = B - W >= W (15 cost pairs);
+    with the course's (the forward's output sent before the backward half) it idles half of it at
+    F = B - W = W. With joint pairs shorter than F + B (overlap, down to max(F, B)) the ranks with the most
+    pairs idle exactly the formula with that F&B, the others less."""
+    lists = [dualpipev_schedule(p, s, m) for s in range(p)]
+    pairs_per_rank = [sum(a[0] == "F&B" for a in acts) for acts in lists]
+    for f, w in itertools.product([0.5, 1, 1.5, 2, 3], repeat=2):
+        if w > f:
+            continue
+        b = f + w  # the whole backward: input gradient f, weight gradient w
+        costs = dict(num_chunks=2, style="v", forward=f, backward=b, weight=w)
+        for share in (1.0, 0.9, 0.75):
+            pair = share * (f + b)
+            if pair < max(f, b):
+                continue
+            idle = simulate_schedules(lists, pairs="joint", pair_time=pair, **costs)["idle"]
+            want = pp_bubble_time("dualpipe", 2 * p, forward=f / 2, backward=b / 2, weight=w / 2, pair=pair / 2)
+            most = [r for r, n in enumerate(pairs_per_rank) if n == max(pairs_per_rank)]
+            assert all(abs(idle[r] - want) < 1e-9 for r in most), (f, w, pair, idle, want)
+            assert all(t <= want + 1e-9 for t in idle), (f, w, pair, idle, want)
+            if share == 1.0:
+                assert all(abs(t - want) < 1e-9 for t in idle), (f, w, idle, want)
+        if f == w:
+            full = pp_bubble_time("dualpipe", 2 * p, forward=f / 2, backward=b / 2, weight=w / 2)
+            sequential = simulate_schedules(lists, **costs)["idle"]
+            assert all(abs(t - full / 2) < 1e-9 for t in sequential), (f, w, sequential, full)
+
+
+def test_pair_model_arguments():
+    lists = [dualpipev_schedule(2, s, 4) for s in range(2)]
+    with pytest.raises(ValueError, match="pairs must be"):
+        simulate_schedules(lists, num_chunks=2, style="v", pairs="overlapped")
+    with pytest.raises(ValueError, match="needs pairs='joint'"):
+        simulate_schedules(lists, num_chunks=2, style="v", pair_time=2.0)
+    # a list without pairs runs the same under both models
+    zbh1 = [zb_h1_schedule(3, s, 5) for s in range(3)]
+    assert simulate_schedules(zbh1, pairs="joint") == simulate_schedules(zbh1)
+    for name, bad in (("1f1b", dict(schedule="zb")), ("dualpipe", dict(num_stages=3))):
+        kwargs = dict(schedule=name, num_stages=4, forward=1.0, backward=2.0)
+        kwargs.update(bad)
+        with pytest.raises(ValueError):
+            pp_bubble_time(**kwargs)
+    with pytest.raises(ValueError):
+        zb_readme_bubble_rate("zbh1", 4, 8)
 
 
 def _streams(lists, p, style, v, tagged):
