@@ -235,8 +235,30 @@ def test_two_hop_dispatch_and_why_four_nodes():
 
 
 def test_fp8_bytes_per_element():
+    """DeepEP's fp32 scale per 128 elements and MXFP8's one-byte E8M0 scale per 32 (Megatron's 'mxfp8',
+    TransformerEngine's MXFP8BlockScaling) cost the same 3 %; the README attributes each format to its source."""
     assert fp8_bytes_per_element() == 1 + 4 / 128 == 1.03125
-    assert "3 % more\nbytes" in _readme() or "3 % more bytes" in _readme()
+    assert fp8_bytes_per_element(block=32, scale_bytes=1) == fp8_bytes_per_element()
+    readme = " ".join(_readme().split())
+    assert "3 % more bytes" in readme
+    assert "one fp32 scale per 128 elements" in readme and "one E8M0 scale (a power of two in one byte) per 32 elements" \
+        in readme
+
+
+def test_exercise_7_quotes_the_readme_ratios():
+    """Exercise 7's text (the 05 notebook, English and its Chinese catalog) gives the all-to-alls' share of the experts'
+    time inside a node and across nodes as the README's table computes it: not "about as long as" inside a node."""
+    inside = [ep_forward_seconds(T, K, H, FFN, E, **kw)["comm_over_compute"] for _, kw in TABLE if kw["ep_size"] == 8]
+    across = [ep_forward_seconds(T, K, H, FFN, E, **kw)["comm_over_compute"] for _, kw in TABLE if kw["ep_size"] == 64]
+    low, high = [f"{min(x):.2f}" for x in (inside, across)], [f"{max(x):.2f}" for x in (inside, across)]
+    assert (low, high) == (["0.21", "1.08"], ["0.32", "2.91"])
+    root = os.path.dirname(os.path.dirname(LESSON))
+    english = " ".join(open(os.path.join(LESSON, "_build_nb.py"), encoding="utf-8").read().split())
+    chinese = open(os.path.join(root, "zh", "notebooks", "05_expert_parallel.md"), encoding="utf-8").read()
+    assert f"{low[0]} to {high[0]} times its experts' time inside a node, and {low[1]} to {high[1]} times " \
+           f"across nodes" in english
+    assert f"{low[0]} 到 {high[0]} 倍" in chinese and f"{low[1]} 到 {high[1]} 倍" in chinese
+    assert "about as long as" not in english
 
 
 def _enumerated_drop_fraction(tokens, k, num_experts, capacity_factor):
