@@ -518,8 +518,10 @@ def build() -> NotebookBuilder:
     nb.exercise(7, "ZB-H1 as data", """
     With B and W apart, a schedule has three kinds of actions: `("F", mb)`,
     `("B", mb)` (the input gradient, and the whole backward if the list has no
-    W for it) and `("W", mb)`. ZB-H1 (Qi et al. 2024, "ZB1P" in their code and
-    in PyTorch) is 1F1B with every backward split, and stage `s` running the W
+    W for it) and `("W", mb)`. ZB-H1 (Qi et al. 2024, their handcrafted
+    schedule; the "ZB1P" of their README is what their automatic scheduler
+    builds, the same list when `F = B - W = W`) is 1F1B with every backward
+    split, and stage `s` running the W
     of backward `k` right after its backward `k + s`, the last `s` Ws at the
     end: stage 0 runs each W at once, the last stage defers `p - 1` of them
     into what was 1F1B's cool-down bubble. For p = 4, m = 8, stage 1 runs
@@ -539,7 +541,7 @@ def build() -> NotebookBuilder:
     """)
     nb.solution_from("zb_h1", sched, "zb_h1_schedule")
     nb.test("test_zb_h1_schedule", 4,
-            doc="ZB-H1: every stage's F/B/W list is PyTorch's ZB1P order, its bubble (p - 1)(F + B - 2W), its memory 1F1B's.",
+            doc="ZB-H1: every stage's F/B/W list is the order PyTorch's ScheduleInterleavedZeroBubble runs, its bubble (p - 1)(F + B - 2W), its memory 1F1B's.",
             visible="""
     check_zb_h1_schedule(zb_h1_schedule)
     """, hidden="""
