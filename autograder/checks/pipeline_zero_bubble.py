@@ -77,7 +77,7 @@ def torch_schedule(name: str, num_stages: int, num_microbatches: int) -> list[li
     """Every rank's list, in the course's format, of the order torch.distributed.pipelining runs.
 
     `name`: "zb_h1" (`ScheduleInterleavedZeroBubble` with one stage per rank: the
-    paper's ZB-H1, "ZB1P"), "zb_interleaved" (the same with two chunks per rank,
+    paper's handcrafted ZB-H1, which torch's docstring calls "ZB1P"), "zb_interleaved" (the same with two chunks per rank,
     loop placement), "dualpipev" (`ScheduleDualPipeV`), "zbv"
     (`ScheduleZBVZeroBubble`); the last two place their two chunks in a V. Computed by the schedule's own
     `_calculate_single_rank_operations` (torch 2.13), which for these
@@ -439,7 +439,7 @@ _ZB_COSTS = ((1.0, 2.0, 1.0), (1.0, 3.0, 1.0), (2.0, 3.0, 1.0))
 
 
 def check_zb_h1_schedule(zb_h1_schedule, *, cases=((4, 8), (3, 5), (4, 3)), costs=_ZB_COSTS) -> None:
-    """ZB-H1 (Qi et al. 2024's handcrafted ZB1P), every stage of each (p, m) case.
+    """ZB-H1 (Qi et al. 2024's handcrafted schedule, sec. 2.1), every stage of each (p, m) case.
 
     In this order: each micro-batch forwarded, backwarded (B) and given its
     W once, W after its B; the stages run together without deadlock; memory:

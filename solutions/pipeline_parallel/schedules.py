@@ -148,7 +148,7 @@ def interleaved_1f1b_schedule(num_stages, stage, num_microbatches, num_chunks):
 # ---------------------------------------------------------------------------
 
 def zb_h1_schedule(num_stages, stage, num_microbatches):
-    """ZB-H1 (Qi et al. 2024, "ZB1P"): 1F1B with every backward split into B (input gradient) and W (weights),
+    """ZB-H1 (Qi et al. 2024, handcrafted): 1F1B with every backward split into B (input gradient) and W (weights),
     stage s running the W of backward k right after backward k + s (the last s of them at the end).
 
     Actions `("F", mb)`, `("B", mb)`, `("W", mb)`. The same order as torch's
