@@ -416,6 +416,18 @@ def test_only_joint_pairs_reproduce_dualpipes_formula(p, m):
             assert all(abs(t - full / 2) < 1e-9 for t in sequential), (f, w, sequential, full)
 
 
+def test_show_schedules_prints_both_pair_models(capsys):
+    """The notebook's DualPipeV scratch cell: the idle fraction with the course's pairs and with DeepSeek's."""
+    from autograder.checks.pipeline_schedules import show_schedules
+
+    show_schedules(dualpipev_schedule, num_stages=4, num_microbatches=8, num_chunks=2, style="v")
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "idle fraction 0.0588 with each F&B pair run as its F then its B" in last, last
+    assert "0.1111 with each pair waiting for both inputs and sending both outputs" in last, last
+    show_schedules(zb_h1_schedule, num_stages=4, num_microbatches=8)
+    assert "DualPipe" not in capsys.readouterr().out
+
+
 def test_pair_model_arguments():
     lists = [dualpipev_schedule(2, s, 4) for s in range(2)]
     with pytest.raises(ValueError, match="pairs must be"):
