@@ -358,6 +358,9 @@ def test_lesson_figures():
     rate, third = zb_readme_bubble_rate("1f1b", p, m), zb_readme_bubble_rate("zb1p", p, m)
     assert rate == pytest.approx(sims["1f1b"]["idle_fraction"]) and _pct(third) == "9.1"
     # joint = the README's formula (PP = 2p stages of half a stage each), = ZB-H1's bubble; sequential = half of it
+    # the family table's ZB-H2 row: (p - 1)(F + B - 3W), the paper's (p - 1)(T_F + T_B - 2 T_W) with T_B = B - W
+    assert pp_bubble_time("zb-h2", p, forward=1, backward=2, weight=1) == 0
+    assert pp_bubble_time("zb-h2", p, forward=2, backward=5, weight=1) == (p - 1) * (2 + (5 - 1) - 2 * 1)
     dualpipe = pp_bubble_time("dualpipe", 2 * p, forward=0.5, backward=1.0, weight=0.5)
     assert dualpipe == 3.0 == pp_bubble_time("zb-h1", p, forward=1, backward=2, weight=1)
     assert sims["joint"]["idle"] == [dualpipe] * p and sims["sequential"]["idle"] == [dualpipe / 2] * p

@@ -230,7 +230,8 @@ def pp_bubble_time(schedule: str, num_stages: int, *, forward: float, backward: 
     and W (`weight`, the weight-gradient part of B) are one stage's times on one micro-batch.
 
     "1f1b": (p - 1)(F + B); "zb-h1": (p - 1)(F + B - 2W) (Qi et al. 2024, ZB-H1; the ZB1P row of DualPipe's
-    README); "dualpipe": (PP/2 - 1)(F&B + B - 3W), DualPipe's README (DeepSeek-V3 report, Table 2), where
+    README); "zb-h2": (p - 1)(F + B - 3W) (the paper's Table 2, T_F + T_B - 2 T_W with its B the input gradient
+    only: 0 when F = B - W = W; not simulated, the course has no ZB-H2 list); "dualpipe": (PP/2 - 1)(F&B + B - 3W), DualPipe's README (DeepSeek-V3 report, Table 2), where
     `num_stages` is its PP (stages, not ranks: DualPipeV runs PP stages on PP/2 ranks), F, B, W are the times
     of one of those stages and F&B (`pair`, default F + B: no overlap) the time of an overlapped forward and
     backward pair. The course's simulator (`simulate_schedules`) reproduces the first two exactly (03's
@@ -243,11 +244,13 @@ def pp_bubble_time(schedule: str, num_stages: int, *, forward: float, backward: 
         return (p - 1) * (f + b)
     if schedule == "zb-h1":
         return (p - 1) * (f + b - 2 * w)
+    if schedule == "zb-h2":
+        return (p - 1) * (f + b - 3 * w)
     if schedule == "dualpipe":
         if p % 2:
             raise ValueError(f"pp_bubble_time: DualPipe's PP (num_stages) must be even, got {p}")
         return (p // 2 - 1) * ((f + b if pair is None else pair) + b - 3 * w)
-    raise ValueError(f"pp_bubble_time: schedule must be '1f1b', 'zb-h1' or 'dualpipe', got {schedule!r}")
+    raise ValueError(f"pp_bubble_time: schedule must be '1f1b', 'zb-h1', 'zb-h2' or 'dualpipe', got {schedule!r}")
 
 
 def zb_readme_bubble_rate(schedule: str, num_stages: int, num_microbatches: int) -> float:
