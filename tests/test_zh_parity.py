@@ -375,6 +375,8 @@ def test_chinese_prose_is_chinese_and_follows_the_glossary(rel):
 CJK_CHAR = r"[\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uff00-\uffef“”‘’]"
 # the markdown a wrapped line may start or end with around its Chinese text (emphasis, a link's bracket)
 _EDGE = r"[*_\[\]()]*"
+FULL_WIDTH = r"[\u3000-\u303f\uff00-\uffef“”‘’]"
+LINK_TARGET = re.compile(r"\]\([^)\s]*\)")
 BARE_YIGE = re.compile(r"(?<![同另每哪任第唯单这那某])一个(?!一个)")
 # per 1,000 Chinese characters of the edition's prose (lessons and notebook text), measured after the editing
 # pass of issue 30 (before it: 11.2 and 4.3, the review's "2.8x" and "4.8x" the rate of the Chinese overview the
@@ -389,7 +391,9 @@ def chinese_texts() -> list[tuple[str, str]]:
     for path in sorted(glob.glob(os.path.join(ROOT, ZH, "notebooks", "*.md"))):
         text = open(path, encoding="utf-8").read()
         # the translations only: each entry's English is in an HTML comment (autograder/authoring/translations.py)
-        out.append((os.path.relpath(path, ROOT), re.sub(r"<!--.*?-->", "", text, flags=re.S)))
+        # (blanked line for line, so that line numbers stay the file's)
+        out.append((os.path.relpath(path, ROOT), re.sub(r"<!--.*?-->", lambda m: "\n" * m.group(0).count("\n"),
+                                                       text, flags=re.S)))
     return out
 
 
@@ -404,7 +408,11 @@ def wrapped_lines(text: str) -> list[tuple[int, str]]:
             continue
         if re.match(r"\s*([-*+]\s|\d+\.\s|\||#|<|>)", b):        # a new item, row, heading, tag or quote
             continue
-        if re.search(CJK_CHAR + _EDGE + r"$", a.rstrip()) and re.match(r"\s*" + _EDGE + CJK_CHAR, b):
+        # as the reader sees them: a link shows its text, not its target
+        end, start = LINK_TARGET.sub("]", a).rstrip(), LINK_TARGET.sub("]", b).lstrip()
+        end_zh, start_zh = re.search(CJK_CHAR + _EDGE + "$", end), re.match(_EDGE + CJK_CHAR, start)
+        # a space is wrong between two Chinese characters, and beside full-width punctuation whatever the other side
+        if (end_zh and start_zh) or re.search(FULL_WIDTH + "$", end) or re.match(FULL_WIDTH, start):
             out.append((i + 1, f"{a.rstrip()[-12:]}⏎{b.strip()[:12]}"))
     return out
 
@@ -421,6 +429,8 @@ def test_wrapped_lines_are_found():
     assert wrapped_lines("梯度在反向里\n累加到 `.grad`。\n") == [(1, "梯度在反向里⏎累加到 `.grad`。")]
     assert wrapped_lines("见 **讲义**\n里的表。") and not wrapped_lines("梯度 all-reduce\n之后。\n\n下一段")
     assert not wrapped_lines("一段。\n- 列表项\n| 表 |") and not wrapped_lines("```\n中文\n中文\n```")
+    assert wrapped_lines("见[讲义](a.md)\n里的表") and wrapped_lines("讲义：\n[README.md](a.md)")
+    assert not wrapped_lines("见 `x`\n和 y")
 
 
 def _marker_rates() -> dict[str, tuple[int, int]]:
