@@ -159,7 +159,11 @@ REVIEW_TERMS = ["数据并行", "张量并行", "流水线并行", "上下文并
 
 # every term, searched by the page's own code: the results Sphinx would list (its query parser, its search)
 _SEARCH_JS = """async (terms) => {
-  for (let i = 0; i < 200 && !(window.Search && Search._index); i++) await new Promise(r => setTimeout(r, 100));
+  // (searchtools.js declares `const Search`: a global binding, not a property of window)
+  for (let i = 0; i < 200 && !(typeof Search !== "undefined" && Search._index); i++) {
+    await new Promise(r => setTimeout(r, 100));
+  }
+  if (typeof Search === "undefined" || !Search._index) throw new Error("the search index did not load in 20 s");
   return terms.map(t => {
     const [query, words, excluded, highlight, objects] = Search._parseQuery(t);
     return [t, [...words], Search._performSearch(query, words, excluded, highlight, objects).length];
