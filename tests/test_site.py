@@ -590,3 +590,26 @@ def test_both_sites_are_the_same_whichever_language_release_was_built_in(tmp_pat
         differ = [rel for rel in files_before if files_before[rel] != files_after[rel]]
         assert not differ, f"the {lang} site differs after `make build COURSE_LANG=zh`: {differ[:5]}"
     print(f"\nstaged both sites from both releases in {time.perf_counter() - t0:.1f} s")
+
+
+def test_a_chinese_release_older_than_its_catalog_stops_the_build_saying_so(tmp_path):
+    """A Chinese release whose text zh/notebooks/ no longer has (edited after `make build COURSE_LANG=zh`) cannot be
+    turned back into English: the build stops and says to rebuild release/, rather than show stale Chinese text."""
+    import nbformat
+
+    from autograder.authoring.translations import catalog_path, translate_notebook
+    from docs.build_site import stage
+
+    clean = copy_course(str(tmp_path / "course"))
+    a = assignments()[0]
+    path = glob.glob(os.path.join(clean, "release", a, "*.ipynb"))[0]
+    nb = nbformat.read(path, as_version=4)
+    translate_notebook(nb, clean, a, "zh")
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        nbformat.write(nb, f)
+    catalog = catalog_path(clean, "zh", a)
+    text = open(catalog, encoding="utf-8").read()
+    with open(catalog, "w", encoding="utf-8") as f:      # the first translation's heading reworded
+        f.write(text.replace("\n\n# ", "\n\n# （改）", 1))
+    with pytest.raises(RuntimeError, match=r"make build"):
+        stage(clean, str(tmp_path / "src"), figures=False, lang="en")
