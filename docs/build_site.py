@@ -12,7 +12,10 @@ on them; nothing is downloaded and no notebook is executed. What is staged:
   docs/figures.py, drawn now by the course's own functions;
 - `release/<a>/*.ipynb`: the student notebooks, exactly as released
   (task text, worked examples, visible tests; no solution, no hidden test:
-  source/ and solutions/ are never read);
+  source/ and solutions/ are never read), their text in the site's language
+  whichever language release/ was built in (`make build COURSE_LANG=zh`
+  before or after `make site` gives the same two sites: a Chinese release's
+  text goes back to English through zh/notebooks/, then to the site's);
 - `exercises/<a>/`: a page per exercise, generated from the release
   notebook's "Exercise N" headings, linking the lesson sections it needs.
 
@@ -26,8 +29,11 @@ exists yet, under a note saying so), the release notebooks with their text
 translated (zh/notebooks/, as `make build COURSE_LANG=zh` would), and exercise
 pages generated from those. Sphinx runs with `language = "zh_CN"` (its own
 interface strings, and the Chinese search: words cut by jieba, which Sphinx
-uses when it is installed). Every page of both sites shows a language switch
-to the same page in the other language (docs/_templates/). What the Chinese
+uses when it is installed, taught the course's terms from zh/GLOSSARY.md, with a
+query splitter that cuts a query into the index's words: docs/zh_search.py;
+the theme's own words from docs/locale/). Every page of both sites shows a
+language switch to the same page in the other language (docs/_templates/).
+What the Chinese
 lessons need on top: their `<a id="english-slug">` anchors (zh/README.md)
 become links to the Chinese heading they stand before, their links to English
 lessons outside zh/ open those pages of the Chinese site, and their code
@@ -71,12 +77,13 @@ class Words:
         self.points = re.compile(r"[（(](\d+)\s*(?:分|points?)[）)]" if zh else r"\((\d+)\s+points?\)")
         self.points_suffix = re.compile(r"\s*[（(]\d+\s*(?:分|points?)[）)]\s*$" if zh else r"\s*\(\d+ points?\)\s*$")
         # the lessons' reading guide: its heading, the exercises a row is for, the README sections it names
-        self.reading_guide = re.compile(r"阅读指南" if zh else r"reading guide", re.I)
+        self.reading_guide = re.compile(r"阅读指引|阅读指南" if zh else r"reading guide", re.I)
         self.row_exercises = re.compile(r"练习\s*(\d+)(?:\s*[-–]\s*(\d+))?" if zh else
                                         r"exercises?\s+(\d+)(?:\s*[-–]\s*(\d+))?")
         self.section_ref = re.compile(r"(?:§\s*|第\s*)(\d+[a-z]?)" if zh else r"(?:§|sections?\s+)(\d+[a-z]?)")
-        self.not_listed = re.compile(r"代码对照|参考|延伸阅读" if zh else r"code map|references|further reading", re.I)
-        self.code_map = re.compile(r"^#{2,}\s.*(?:code map|代码对照)", re.I)
+        self.not_listed = re.compile(r"代码映射|代码对照|参考|延伸阅读" if zh else r"code map|references|further reading",
+                                     re.I)
+        self.code_map = re.compile(r"^#{2,}\s.*(?:code map|代码映射|代码对照)", re.I)
         self.source = re.compile(r"^(?:Exercises? [\d, and-]+\.\s+)?Sources?:|^(?:练习[\d ，、和-]+。)?(?:来源|出处)：")
         if zh:
             self.lessons, self.exercises, self.notebook = "讲义", "练习", "Notebook"
@@ -473,7 +480,7 @@ def lesson_paths(root: str) -> list[str]:
 def stage(root: str, src: str, *, figures: bool = True, lang: str = "en", figure_dir: str | None = None) -> dict:
     """Write the Sphinx source tree of one language; returns what was staged (for the summary and the tests).
     `figure_dir`: figures already drawn (the other language's), copied instead of drawn again."""
-    from autograder.authoring.translations import translate_notebook
+    from autograder.authoring.translations import english_notebook, translate_notebook
     from docs.figures import FIGURES, draw_all
 
     if lang not in LANGUAGES:
@@ -484,6 +491,9 @@ def stage(root: str, src: str, *, figures: bool = True, lang: str = "en", figure
         shutil.rmtree(src)
     os.makedirs(src)
     shutil.copytree(os.path.join(HERE, "_static"), os.path.join(src, "_static"))
+    if zh:      # the theme's words in Chinese (docs/conf.py: locale_dirs)
+        shutil.copytree(os.path.join(HERE, "locale"), os.path.join(src, "_locale"),
+                        ignore=shutil.ignore_patterns("*.mo"))
     table = load_table()
     names = assignments(root)
     english, texts, twins = {}, {}, set()
@@ -550,6 +560,12 @@ def stage(root: str, src: str, *, figures: bool = True, lang: str = "en", figure
     for a in names:
         for nb_rel in notebooks[a]:
             nb = json.load(open(os.path.join(root, nb_rel), encoding="utf-8"))
+            # whichever language release/ was built in (make build [COURSE_LANG=zh]): English first, then the
+            # site's language, so both orders of `make build COURSE_LANG=zh` and `make site` give both sites
+            try:
+                english_notebook(nb, root, a)
+            except ValueError as exc:
+                raise RuntimeError(str(exc)) from None
             if zh:
                 report["notebook_cells_in_english"] += len(translate_notebook(nb, root, a, lang))
             shown = copy.deepcopy(nb)

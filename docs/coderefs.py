@@ -32,9 +32,9 @@ TABLE_PATH = os.path.join(HERE, "code_refs.json")
 CODE = re.compile(r"`([^`\n]+)`")
 PATH = re.compile(r"^(?:[\w.-]+/)*[\w.-]+\.(?:py|cpp|h|cu|cuh|md|yaml|sh)$|^(?:[\w.-]+/)+$|^[\w.-]+(?:/[\w.-]+)+$")
 HEADING = re.compile(r"^(#{1,6})\s+(.*)$")
-# the Chinese lessons (zh/) say 来源： / 出处：, 代码对照表 and 文件 / 符号 where the English says Source:, Code map, file / symbol
+# the Chinese lessons (zh/) say 来源： / 出处：, 代码映射表 and 文件 / 符号 where the English says Source:, Code map, file / symbol
 SOURCE_START = re.compile(r"^(?:Exercises? [\d, and-]+\.\s+)?Sources?:|^(?:练习[\d ，、和-]+。)?(?:来源|出处)：")
-CODE_MAP = re.compile(r"code map|代码对照", re.I)
+CODE_MAP = re.compile(r"code map|代码映射|代码对照", re.I)
 FILE_COLUMN, SYMBOL_COLUMN = ("file", "文件"), ("symbol", "符号")
 # first components of full paths inside the repositories the lessons cite
 FULL_PATH_ROOTS = ("megatron/", "torch/", "deepspeed/", "ring_flash_attn/", "transformer_engine/", "deep_ep/",

@@ -39,6 +39,11 @@ html_theme = "furo"
 # the language switch of every page (docs/_templates/lang-switch.html, in Furo's announcement bar); the Chinese
 # build sets course_lang=zh, language=zh_CN (Sphinx's own strings, and its Chinese search: jieba cuts the words)
 templates_path = ["_templates"]
+# the theme's own words on a Chinese page ("On this page", "Back to top", "Next"...): Furo ships no catalog, so the
+# course's (docs/locale/zh_CN/LC_MESSAGES/sphinx.po, copied into the staged sources as _locale/ by build_site.py)
+# comes first and Sphinx's own zh_CN catalog after it
+locale_dirs = ["_locale"]
+gettext_auto_build = True
 html_context = {"course_lang": "en"}
 html_title = "LLM parallelism course"
 html_static_path = ["_static"]
@@ -62,9 +67,19 @@ def setup(app):
     # language_data.js then says `window.Stemmer = ChineseStemmer`, a class that does not exist (the Chinese
     # search stems Latin words with the English stemmer), and every search stops there (sphinx-doc/sphinx#14229,
     # fixed upstream by #14416 after 9.0.4). The same search language, naming the stemmer it ships.
+    #
+    # The course's terms (issue 30): jieba learns every term of zh/GLOSSARY.md before the pages are indexed, and
+    # the search page splits a query the index does not hold as one word into the index's words (zh_search.py).
     from sphinx.search.zh import SearchChinese
+
+    import zh_search
 
     class SearchChineseEnglishStemmer(SearchChinese):
         language_name = "English"
+        js_splitter_code = zh_search.SPLITTER_JS
+
+        def __init__(self, options):
+            super().__init__(options)
+            zh_search.add_to_jieba()
 
     app.add_search_language(SearchChineseEnglishStemmer)

@@ -544,3 +544,72 @@ def test_the_chinese_search_index_holds_chinese_words(site):
     data = open(_zh(site, "_static/language_data.js"), encoding="utf-8").read()
     name = re.search(r"window\.Stemmer = (\w+);", data).group(1)
     assert f"var {name}=" in data.replace(" ", "") or f"{name}=function" in data.replace(" ", ""), name
+
+
+def _staged(root: str, out: str, lang: str) -> tuple[dict, dict[str, bytes]]:
+    """Stage one language's Sphinx sources (no Sphinx, no figures): (the report, {path: bytes})."""
+    from docs.build_site import stage
+
+    report = stage(root, out, figures=False, lang=lang)
+    files = {}
+    for d, _dirs, names in os.walk(out):
+        for name in names:
+            path = os.path.join(d, name)
+            files[os.path.relpath(path, out)] = open(path, "rb").read()
+    return report, files
+
+
+def test_both_sites_are_the_same_whichever_language_release_was_built_in(tmp_path):
+    """`make site` after `make build COURSE_LANG=zh` gave an English site without exercise pages and reported 86
+    notebook cells untranslated (issue 30): the site read release/ as it found it. It now takes the notebooks in
+    English whatever release/ is in, then the site's language: both orders of the two commands stage, byte for
+    byte, the same two sites (Sphinx then builds the same pages from them)."""
+    import nbformat
+
+    from autograder.authoring.translations import release_language, translate_notebook
+
+    clean = copy_course(str(tmp_path / "course"))
+    t0 = time.perf_counter()
+    before = {lang: _staged(clean, str(tmp_path / f"en-release-{lang}"), lang) for lang in ("en", "zh")}
+    # release/ as `make build COURSE_LANG=zh` writes it (the on-the-fly translation is that build, byte for byte:
+    # tests/test_zh_notebooks.py)
+    for a in assignments():
+        for path in glob.glob(os.path.join(clean, "release", a, "*.ipynb")):
+            nb = nbformat.read(path, as_version=4)
+            assert not translate_notebook(nb, clean, a, "zh"), a
+            with open(path, "w", encoding="utf-8", newline="\n") as f:
+                nbformat.write(nb, f)
+    assert release_language(clean) == "zh"
+    after = {lang: _staged(clean, str(tmp_path / f"zh-release-{lang}"), lang) for lang in ("en", "zh")}
+    for lang in ("en", "zh"):
+        (rep_before, files_before), (rep_after, files_after) = before[lang], after[lang]
+        assert rep_after["exercises"] == rep_before["exercises"] >= 30, (lang, rep_before["exercises"],
+                                                                          rep_after["exercises"])
+        assert rep_after["notebook_cells_in_english"] == rep_before["notebook_cells_in_english"] == 0, lang
+        assert sorted(files_after) == sorted(files_before), lang
+        differ = [rel for rel in files_before if files_before[rel] != files_after[rel]]
+        assert not differ, f"the {lang} site differs after `make build COURSE_LANG=zh`: {differ[:5]}"
+    print(f"\nstaged both sites from both releases in {time.perf_counter() - t0:.1f} s")
+
+
+def test_a_chinese_release_older_than_its_catalog_stops_the_build_saying_so(tmp_path):
+    """A Chinese release whose text zh/notebooks/ no longer has (edited after `make build COURSE_LANG=zh`) cannot be
+    turned back into English: the build stops and says to rebuild release/, rather than show stale Chinese text."""
+    import nbformat
+
+    from autograder.authoring.translations import catalog_path, translate_notebook
+    from docs.build_site import stage
+
+    clean = copy_course(str(tmp_path / "course"))
+    a = assignments()[0]
+    path = glob.glob(os.path.join(clean, "release", a, "*.ipynb"))[0]
+    nb = nbformat.read(path, as_version=4)
+    translate_notebook(nb, clean, a, "zh")
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        nbformat.write(nb, f)
+    catalog = catalog_path(clean, "zh", a)
+    text = open(catalog, encoding="utf-8").read()
+    with open(catalog, "w", encoding="utf-8") as f:      # the first translation's heading reworded
+        f.write(text.replace("\n\n# ", "\n\n# （改）", 1))
+    with pytest.raises(RuntimeError, match=r"make build"):
+        stage(clean, str(tmp_path / "src"), figures=False, lang="en")

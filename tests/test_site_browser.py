@@ -13,7 +13,12 @@ every request to another host refused, and finds:
 3. the search answering from its offline index;
 4. the Chinese site (issue 24): its home page, the language switch taking a
    reader from a lesson to the same lesson in the other language and back,
-   and the search answering a Chinese word from the Chinese index.
+   and the search answering a Chinese word from the Chinese index;
+5. the course's own terms found by the Chinese search as a reader types them
+   (issue 30): the eight the review searched for in vain, through the search
+   page itself, and every term of zh/GLOSSARY.md through the page's own search
+   code (Sphinx's `Search`, with the course's query splitter); and the theme's
+   words ("On this page", "Back to top") in Chinese on a Chinese page.
 
 The site is the one tests/test_site.py builds (once per session).
 """
@@ -27,6 +32,8 @@ import pytest
 from course import ROOT
 from test_browser import CHROMIUM, CHROMIUM_ARGS, SHOTS, pytestmark, sync_playwright  # noqa: F401
 from test_site import built_site
+
+from docs.zh_search import glossary_terms  # noqa: E402  (test_site puts the course root on sys.path)
 
 # numerator and denominator boxes of the first few fractions, and what the page shows as text
 _MATH_JS = """() => {
@@ -145,3 +152,56 @@ def test_the_chinese_site_searches_chinese_words_offline(site, page):
     page.screenshot(path=shot)
     print(f"\nscreenshots: {os.path.relpath(shot, ROOT)}, build/screenshots/site_zh_lesson.png")
     assert not page.remote_requests, f"the page asked the network for {page.remote_requests}"
+
+
+# what the review typed into the Chinese site's search and got nothing for (issue 30)
+REVIEW_TERMS = ["数据并行", "张量并行", "流水线并行", "上下文并行", "序列并行", "专家并行", "进程组", "重计算"]
+
+# every term, searched by the page's own code: the results Sphinx would list (its query parser, its search)
+_SEARCH_JS = """async (terms) => {
+  // (searchtools.js declares `const Search`: a global binding, not a property of window)
+  for (let i = 0; i < 200 && !(typeof Search !== "undefined" && Search._index); i++) {
+    await new Promise(r => setTimeout(r, 100));
+  }
+  if (typeof Search === "undefined" || !Search._index) throw new Error("the search index did not load in 20 s");
+  return terms.map(t => {
+    const [query, words, excluded, highlight, objects] = Search._parseQuery(t);
+    return [t, [...words], Search._performSearch(query, words, excluded, highlight, objects).length];
+  });
+}"""
+
+
+@pytest.mark.parametrize("term", REVIEW_TERMS)
+def test_the_chinese_search_finds_the_courses_terms_as_typed(site, page, term):
+    page.goto(_url(site, "zh/search.html") + "?q=" + term)
+    page.wait_for_function("document.querySelectorAll('#search-results ul.search li').length >= 3", timeout=20_000)
+    results = page.locator("#search-results ul.search li")
+    assert results.count() >= 3, (term, results.count())
+    # the pages listed first name the term itself (jieba keeps the whole term in the index beside its parts)
+    hrefs = [results.nth(i).locator("a").first.get_attribute("href") for i in range(3)]
+    for href in hrefs:
+        path = os.path.join(site["out"], "zh", href.split("#")[0].split("?")[0])
+        text = open(path, encoding="utf-8").read()
+        assert term in text, f"search for {term!r} lists {href}, which does not contain it"
+    assert not page.remote_requests, f"the page asked the network for {page.remote_requests}"
+
+
+def test_every_glossary_term_finds_pages_on_the_chinese_site(site, page):
+    terms = glossary_terms()
+    assert len(terms) >= 80 and set(REVIEW_TERMS) <= set(terms), terms
+    page.goto(_url(site, "zh/search.html"))
+    found = page.evaluate(_SEARCH_JS, terms + ["流水线 并行", "数据并行的梯度", "TP通信域"])
+    nothing = [(t, words) for t, words, n in found if n == 0]
+    assert not nothing, f"{len(nothing)} of {len(found)} terms find no page (query -> words): {nothing}"
+    assert not page.remote_requests, f"the page asked the network for {page.remote_requests}"
+
+
+def test_the_themes_words_are_chinese_on_a_chinese_page(site, page):
+    page.goto(_url(site, "zh/assignments/01_data_parallel/02_zero.html"))
+    # (the theme shows the title in capitals: its text, not its rendering)
+    assert page.locator(".toc-title").first.text_content().strip() == "本页内容"
+    labels = page.locator(".related-pages").inner_text()
+    assert "下一页" in labels and "上一页" in labels and "Next" not in labels, labels
+    assert "回到顶部" in page.locator(".back-to-top").inner_text()
+    page.goto(_url(site, "assignments/01_data_parallel/02_zero.html"))
+    assert page.locator(".toc-title").first.text_content().strip() == "On this page"

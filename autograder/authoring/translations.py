@@ -44,12 +44,14 @@ import sys
 from dataclasses import dataclass
 
 __all__ = ["LANGUAGES", "course_language", "catalog_path", "load_catalog", "write_catalog", "entry_key",
-           "translate_notebook", "notebook_language", "release_language", "english_cells", "status", "sync"]
+           "translate_notebook", "english_notebook", "notebook_language", "release_language", "english_cells",
+           "status", "sync"]
 
 LANGUAGES = ("en", "zh")
 ENV = "COURSE_LANG"
 TODO = "<!-- TODO(zh)"
 _ENTRY = re.compile(r"^<!-- en ([0-9a-f]{10})$")
+_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
 _HERE = os.path.dirname(os.path.abspath(__file__))
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(_HERE))
 
@@ -170,6 +172,33 @@ def translate_notebook(nb, root: str, assignment: str, lang: str) -> list[str]:
             missing.append(english)
     nb["metadata"].setdefault("course", {})["language"] = lang
     return missing
+
+
+def english_notebook(nb, root: str, assignment: str) -> None:
+    """Undo `translate_notebook` in place: each markdown cell of a translated notebook gets its English text back
+    (a cell left in English stays as it is) and the language mark goes, so the notebook is the English build's,
+    byte for byte. English is a no-op. ValueError when a cell is a translation the catalog no longer has (release/
+    was built before the catalog changed: build it again)."""
+    lang = notebook_language(nb)
+    if lang == "en":
+        return
+    entries = load_catalog(catalog_path(root, lang, assignment))
+    english = {e.english for e in entries}      # (a cell whose English changed stays English in the build)
+    back = {e.text: e.english for e in entries if not e.todo}
+    for i, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] != "markdown":
+            continue
+        text = _text(cell)
+        if text in back:
+            cell["source"] = back[text]
+        elif text not in english and _HAN.search(text):
+            raise ValueError(f"{assignment}: markdown cell {i + 1} ({_first_line(text)!r}) of the {lang} notebook is "
+                             f"not in {os.path.relpath(catalog_path(root, lang, assignment), root)} any more: "
+                             f"rebuild release/ (make build COURSE_LANG={lang}, or make build)")
+    meta = nb["metadata"]
+    meta.get("course", {}).pop("language", None)
+    if "course" in meta and not meta["course"]:
+        del meta["course"]
 
 
 def notebook_language(nb) -> str:
