@@ -128,6 +128,8 @@ CASES = [
     Case("kernel_exits_at_once", "reference", "import os as _o\n_o._exit(0)", 0),
     Case("hangs_ignoring_interrupts", "reference",
          "import signal as _sg\n_sg.signal(_sg.SIGINT, _sg.SIG_IGN)\nwhile True:\n    pass", 0),
+    Case("sleeps_in_a_cell", "reference", "import time as _tm\n_tm.sleep(10**6)", 0,
+         message="asleep, not slowed by a busy machine"),
     Case("sleeps_in_every_call", "reference",
          "import time as _tm\n_orig_reduce = reduce_from_tensor_model_parallel_region\n"
          "def reduce_from_tensor_model_parallel_region(input_, *, group):\n    _tm.sleep(1000)\n", 6),
@@ -472,6 +474,8 @@ def test_each_case_gets_its_honest_score(graded, case):
         assert rec["score"] == 0
         return
     assert rec["status"] == "graded", rec["reason"]
+    # on an idle machine every check is decided: a submission that sleeps is stopped on the scheduler's record
+    assert not rec.get("needs_regrade"), [(c["grade_id"], c.get("inconclusive")) for c in rec["cells"]]
     score = sum(c["points"] for c in rec["cells"] if c["grade_id"] in KEEP)  # the two cells every case is about
     assert score == case.expected, (score, [(c["grade_id"], c["message"][:300]) for c in rec["cells"]])
     for c in rec["cells"]:

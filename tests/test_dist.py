@@ -598,7 +598,41 @@ def _running(cmd: str) -> list[int]:
 
 
 def _idle_outside_communication(rank, world_size):
-    time.sleep(60)  # neither computing nor waiting on a peer: no evidence either way
+    time.sleep(60)  # neither computing nor waiting on a peer: no evidence before the stall rule's 20 s
+
+
+def _one_rank_sleeps(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    if rank == 1:
+        time.sleep(1000)  # the others wait for it in the all-reduce
+    dist.all_reduce(torch.ones(2))
+
+
+def _naps_then_finishes(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    time.sleep(3)  # asleep, but shorter than the stall rule's 10 s: not a stall
+    dist.all_reduce(torch.ones(2))
+    return rank
+
+
+def test_ranks_that_sleep_are_stopped_on_the_scheduler_s_record_naming_the_sleep():
+    """A rank asleep in the student's code (not waiting on its peers, so no deadlock on the stacks) while the
+    others wait for it: once, for 10 s, no rank ran, made progress or waited for a CPU, the run is stopped
+    with each rank's stack. A short nap is not a stall."""
+    t0 = time.monotonic()
+    with pytest.raises(DistributedError) as info:
+        run_distributed(_one_rank_sleeps, 4, timeout=5)
+    seconds = time.monotonic() - t0
+    msg = str(info.value)
+    assert 10 <= seconds < 40, seconds
+    assert "stopped: for 10 s none of them ran, made progress or waited for a CPU" in msg, msg
+    assert "time.sleep(1000)  # the others wait for it" in msg and "ranks 0, 2, 3: each was blocked in all_reduce" in msg, msg
+    assert "deadlock" not in msg and "inconclusive" not in msg
+    assert run_distributed(_naps_then_finishes, 2, timeout=5) == [0, 1]
 
 
 def test_a_run_neither_finished_nor_judged_is_inconclusive_never_a_failure(monkeypatch):

@@ -151,18 +151,52 @@ def _slow_but_working(rank, world_size):
     return float(t)
 
 
+def _one_rank_computes_long(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    if rank == 0:  # 2.5 CPU-seconds: beside the burners, far longer than the stall rule's 10 s on the clock
+        x, t0 = torch.randn(200, 200), time.process_time()
+        while time.process_time() - t0 < 2.5:
+            x = torch.tanh(x @ x.T / 200)
+    dist.all_reduce(torch.ones(1))  # the other ranks wait here, asleep, all that time
+    return rank
+
+
+def _one_rank_sleeps(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    if rank == 1:
+        time.sleep(1000)
+    dist.all_reduce(torch.ones(1))
+
+
 def test_the_runner_under_load_convicts_a_deadlock_and_passes_a_slow_run():
     """The runner itself beside 6 burners per core (forked ranks, as a student's kernel forks them): a real
     deadlock is still convicted on its stacks, and a run that computes slowly between collectives is neither
     convicted nor given up, though it takes longer on the clock than its budget of CPU-seconds (a wall-clock
     limit convicted it: 03's reference lost its zero-bubble memory cell so)."""
-    from autograder.runtime.dist import DistributedError, run_distributed
+    from autograder.runtime.dist import DistributedError, InconclusiveRun, run_distributed
 
     with burners(6 * (os.cpu_count() or 1)):
         with pytest.raises(DistributedError) as info:
             run_distributed(_deadlock, 4, timeout=20)
         # a budget of 2 CPU-seconds per rank: the run uses a small part of it, and far more than 2 s of the clock
         assert run_distributed(_slow_but_working, 4, timeout=2) == [4.0] * 4
+        # three ranks asleep in a collective for longer than the stall rule's 10 s, while the fourth, starved,
+        # computes: the scheduler's record shows it waiting for a CPU, so this is no stall
+        t0 = time.monotonic()
+        assert run_distributed(_one_rank_computes_long, 4, timeout=5) == [0, 1, 2, 3]
+        long_wait = time.monotonic() - t0
+        # a rank asleep: the stall is still told from a starved rank beside the burners (or, were the machine so
+        # busy that its wake-ups waited for a CPU most of the time, left undecided: never a CPU-budget verdict)
+        with pytest.raises((DistributedError, InconclusiveRun)) as asleep:
+            run_distributed(_one_rank_sleeps, 4, timeout=5)
+    assert long_wait > 10, f"the computing rank finished in {long_wait:.1f} s: the burners did not slow it"
+    assert isinstance(asleep.value, InconclusiveRun) or "none of them ran, made progress or waited for a CPU" \
+        in str(asleep.value), str(asleep.value)
     msg = str(info.value)
     assert "deadlock: every rank still running (0, 1, 2, 3) was waiting on its peers" in msg, msg
     assert "dist.recv(t, src=(rank + 1) % world_size)" in msg

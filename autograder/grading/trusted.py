@@ -179,6 +179,34 @@ RESERVE_MB = 32  # scratch space kept for the runner while the student's cells r
 # past which the call is given up as inconclusive (a machine too busy to tell).
 CALL_CPU_S = 60.0
 CALL_BACKSTOP_S = 900.0
+# ... and the seconds in a row its processes may all be asleep (none running, none waiting for a CPU: the
+# scheduler's record, autograder.runtime.dist._StallWatch) before that is a verdict: it stopped by its own doing
+ASLEEP_S = 30.0
+
+
+def _process_tree(root: int) -> set[int]:
+    """`root` and every process descended from it (Linux /proc; {root} elsewhere)."""
+    children: dict[int, list[int]] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return {root}
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    out, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in out:
+            out.add(pid)
+            todo += children.get(pid, [])
+    return out
 
 
 def start_backstop(cpu_budget: float) -> float:
@@ -530,12 +558,16 @@ class ZygoteClient:
         os.set_blocking(self._out, False)
         os.set_blocking(self._in, False)
         # the cells get `start_timeout` CPU-seconds; the clock only gives up (inconclusive) far later
-        waited = self._await_reply(self.start_timeout, start_backstop(self.start_timeout))
+        waited = self._await_reply(self.start_timeout, start_backstop(self.start_timeout), asleep=ASLEEP_S)
         if waited != "ready":
             self.close()
             if waited == "cpu":
                 raise RuntimeError(f"the submission's cells computed for {self.start_timeout:g} CPU-seconds "
                                    f"without finishing (an endless loop in a cell?)")
+            if waited == "asleep":
+                raise RuntimeError(f"the submission's cells stopped: for {self.asleep_s:.0f} s none of its "
+                                   f"processes ran or waited for a CPU (asleep, not slowed by a busy machine: a "
+                                   f"`time.sleep`, an `input()`, a wait for something that never comes?)")
             self.inconclusive.append("the submission's cells had not finished when the machine's time ran out")
             raise StartInconclusive(f"not graded yet: the submission's cells had not finished after "
                                     f"{start_backstop(self.start_timeout):g} s on a busy machine, without "
@@ -577,11 +609,21 @@ class ZygoteClient:
 
         return _cpu_seconds(self.proc.pid)
 
-    def _await_reply(self, cpu_budget: float | None, backstop: float) -> str:
+    def _processes(self) -> set[int]:
+        """The submission's processes: the sandbox's cgroup, or the zygote's process tree."""
+        pids = self.sandbox.pids() if self.sandbox is not None and hasattr(self.sandbox, "pids") else set()
+        return pids or (_process_tree(self.proc.pid) if self.proc is not None else set())
+
+    def _await_reply(self, cpu_budget: float | None, backstop: float, asleep: float | None = None) -> str:
         """Wait until the zygote has something to say ("ready"), its processes have used `cpu_budget`
-        CPU-seconds since now ("cpu": a verdict), or `backstop` wall-clock seconds passed ("clock": not one)."""
+        CPU-seconds since now ("cpu": a verdict), all been asleep for `asleep` seconds in a row ("asleep": a
+        verdict, on the scheduler's record), or `backstop` wall-clock seconds passed ("clock": not one)."""
+        from autograder.runtime.dist import _StallWatch
+
         t0 = time.monotonic()
         cpu0 = self.cpu_seconds()
+        watch = _StallWatch(asleep) if asleep else None
+        self.asleep_s = 0.0
         while True:
             left = t0 + backstop - time.monotonic()
             if left <= 0:
@@ -592,6 +634,11 @@ class ZygoteClient:
                 used = self.cpu_seconds()
                 if used is not None and used - cpu0 >= cpu_budget:
                     return "cpu"
+            if watch is not None:
+                now = time.monotonic()
+                if now >= watch.next_sample and watch.stalled(now, {p: p for p in self._processes()}):
+                    self.asleep_s = watch.seconds(now)
+                    return "asleep"
             if self.proc is not None and self.proc.poll() is not None:
                 return "ready"  # it died: reading says so
 
@@ -625,7 +672,8 @@ class ZygoteClient:
         self.close()
 
     # -- requests ---------------------------------------------------------------------
-    def _request(self, op: str, payload, backstop: float, cpu_budget: float | None = None):
+    def _request(self, op: str, payload, backstop: float, cpu_budget: float | None = None,
+                 asleep: float | None = None):
         """Send one request and wait for its reply: the submission's processes may use `cpu_budget`
         CPU-seconds on it (past that: a TimeoutError record, a verdict); past `backstop` wall-clock seconds
         the request is given up as inconclusive (an "Inconclusive" record: the machine, not the code)."""
@@ -639,12 +687,18 @@ class ZygoteClient:
         try:
             send_frame(self._in, {"id": rid, "op": op}, dumps_by_value(payload), deadline)
             while True:
-                waited = self._await_reply(cpu_budget, max(0.0, deadline - time.monotonic()))
+                waited = self._await_reply(cpu_budget, max(0.0, deadline - time.monotonic()), asleep)
                 if waited == "cpu":
                     self.close()
                     return None, {"type": "TimeoutError", "message": f"the submission computed for {cpu_budget:g} "
                                   f"CPU-seconds without answering (an endless loop?); it was stopped",
                                   "frames": [], "stub": ""}
+                if waited == "asleep":
+                    self.close()
+                    return None, {"type": "TimeoutError", "message": f"the submission stopped without answering: "
+                                  f"for {self.asleep_s:.0f} s none of its processes ran or waited for a CPU (asleep, "
+                                  f"not slowed by a busy machine: a `time.sleep`, a wait for something that never "
+                                  f"comes?); it was stopped", "frames": [], "stub": ""}
                 if waited == "clock":
                     raise ChannelError("timeout")
                 header, blob = read_frame(self._out, time.monotonic() + 60.0)
@@ -699,7 +753,8 @@ class ZygoteClient:
         raise DistributedError(f"run_distributed: {err.get('type')}: {err.get('message')}", [])
 
     def call(self, name: str, args, kwargs):
-        value, err = self._request("call", (name, args, kwargs), CALL_BACKSTOP_S, cpu_budget=CALL_CPU_S)
+        value, err = self._request("call", (name, args, kwargs), CALL_BACKSTOP_S, cpu_budget=CALL_CPU_S,
+                                   asleep=ASLEEP_S)
         if err is None:
             return value
         if err.get("type") == "Inconclusive":

@@ -17,8 +17,10 @@ partner (from each rank's journal of point-to-point ops).
 Verdicts do not depend on the machine's load. A failure needs evidence: an
 exception, a crash, a rank that used its budget of `timeout` CPU-seconds (CPU
 time, not the clock: a busy machine slows a rank without spending its budget),
-or a deadlock shown by the ranks' stacks (every live rank waiting on its peers
-at the same place at two looks, with no progress in between). A run that
+a deadlock shown by the ranks' stacks (every live rank waiting on its peers
+at the same place at two looks, with no progress in between), or a stall
+shown by the scheduler's record (for max(`timeout`, 10) s no rank ran, made
+progress or waited for a CPU: asleep, not starved). A run that
 shows none of these before a generous wall-clock backstop, or whose ranks do
 not start, raises `InconclusiveRun`: not a verdict, retried by the grader.
 `AUTOGRADER_START_METHOD=spawn` forces the macOS path on Linux. No rank process
@@ -64,6 +66,9 @@ def set_executor(executor) -> None:
 _GRACE_AFTER_FAILURE_S = 1.5
 # A deadlock is looked for after this long with no progress, and confirmed after as long again (_DeadlockWatch).
 DEADLOCK_IDLE_S = 2.0
+# A run in which no rank made progress, used the CPU or waited for one, for max(its budget, this) seconds of the
+# clock, has stopped by its own doing: the scheduler's record says the ranks were asleep, not starved (_StallWatch)
+STALL_MIN_S = 10.0
 # How long the ranks get to start (a spawned rank imports torch: seconds each, more on a loaded machine) before
 # the run's budget starts: every rank has then reached the rendezvous. Past it the run is inconclusive.
 STARTUP_TIMEOUT_S = 120.0
@@ -603,7 +608,8 @@ def run_distributed(fn, world_size: int, *, args: tuple = (), timeout: float = 2
     FileStore rendezvous per call). `timeout` is each rank's budget in CPU-seconds,
     counted from when every rank has started (reached the rendezvous): a rank that
     uses it all is stopped with every rank's Python stack (an endless loop). A
-    deadlock is convicted on the ranks' stacks (see the module docstring).
+    deadlock is convicted on the ranks' stacks, a stall (every rank asleep) on the
+    scheduler's record (see the module docstring).
     Raises `DistributedError` when any rank raises, crashes, hangs or uses its
     budget; `InconclusiveRun` when the ranks do not start within `STARTUP_TIMEOUT_S`
     or the run reaches `wall_backstop(timeout)` wall-clock seconds undecided.
@@ -887,6 +893,87 @@ class _Settled:
         return now - t0 >= self.window and total - c0 < 0.05 * (now - t0) + 1.0 / _CLK_TCK
 
 
+def _sched(pid: int) -> tuple[float, float, bool] | None:
+    """(seconds run on a CPU, seconds spent runnable but waiting for a CPU, whether a thread is in uninterruptible
+    sleep: a page fault or disk I/O), summed over the process's threads, from the scheduler's own accounting
+    (/proc/<pid>/task/*/schedstat and stat); None where the system does not keep it."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    ran = waited = 0
+    disk = False
+    seen = 0
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                fields = f.read().split()
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue  # a thread that has just ended
+        try:
+            ran, waited = ran + int(fields[0]), waited + int(fields[1])
+        except (ValueError, IndexError):
+            return None
+        disk = disk or state == "D"
+        seen += 1
+    return (ran / 1e9, waited / 1e9, disk) if seen else None
+
+
+class _StallWatch:
+    """A run that stopped by its own doing: for `limit` seconds of the clock in a row, no rank dispatched a torch
+    op, none used the CPU beyond what waiting costs (5% per rank), none waited for a CPU beyond what its
+    occasional wake-ups cost (25% per rank), and none was in uninterruptible sleep. The scheduler's record
+    (schedstat) tells a rank that sleeps (`time.sleep`, a wait on something that never comes) from one that is
+    ready to run and starved by a busy machine: a runnable rank runs or waits for a CPU all the time (a
+    starved one: it ran under 5% of the time only where it waited for a CPU most of it), and resets the
+    count. So this is evidence, not idleness alone: on a loaded machine a slow correct
+    run never stalls, it waits for a CPU. Where the system keeps no such record, nothing is convicted here.
+    """
+
+    def __init__(self, limit: float, progress=None, sample: float = 1.0, busy: float = 0.05,
+                 starved: float = 0.25):
+        self.limit, self.progress = limit, progress or (lambda key: None)
+        self.sample, self.busy, self.starved = sample, busy, starved
+        self.next_sample, self.last, self.since = 0.0, None, None
+
+    def _measure(self, pids: dict):
+        got = {}
+        for key, pid in sorted(pids.items()):
+            sched = _sched(pid)
+            if sched is None or sched[2]:
+                return None
+            got[key] = (sched[0], sched[1], self.progress(key))
+        return got
+
+    def stalled(self, now: float, pids: dict) -> bool:
+        """Whether the processes `pids` ({name: pid}) have been asleep for `limit` seconds in a row."""
+        if now < self.next_sample:
+            return False
+        self.next_sample = now + self.sample
+        cur = self._measure(pids) if pids else None
+        last, self.last = self.last, (now, cur)
+        if cur is None or last is None or last[1] is None or set(last[1]) != set(cur):
+            self.since = None
+            return False
+        dt = now - last[0]
+        # each process on its own: one that wants the CPU is runnable all the time (ran + waited = dt); a
+        # sleeping one's own threads (gloo's, the runner's) wake now and then, and on a busy machine wait a
+        # little each time
+        quiet = all(c[0] - b[0] < self.busy * dt + 2.0 / _CLK_TCK and c[1] - b[1] < self.starved * dt
+                    and c[2] == b[2] for c, b in ((cur[k], last[1][k]) for k in cur))
+        if not quiet:
+            self.since = None
+            return False
+        if self.since is None:
+            self.since = last[0]
+        return now - self.since >= self.limit
+
+    def seconds(self, now: float) -> float:
+        return now - self.since if self.since is not None else 0.0
+
+
 def wall_backstop(timeout: float) -> float:
     """Wall-clock seconds after which a run that has neither finished, failed, used its CPU budget nor shown
     a deadlock is given up as inconclusive (the machine too busy to tell): never a verdict.
@@ -904,7 +991,7 @@ def _supervise(procs: list[_RankProcess], workdir: str, timeout: float, show_out
                startup_timeout: float = STARTUP_TIMEOUT_S, started: dict | None = None) -> list:
     """Wait for the ranks: first until every one has reached the rendezvous (`startup_timeout`), then for
     their programs. A verdict needs evidence: an exception, a crash, a rank that used `timeout` CPU-seconds,
-    or a deadlock shown by the ranks' stacks (_DeadlockWatch). A run that reaches none of these within the
+    a deadlock shown by the ranks' stacks (_DeadlockWatch), or a stall (_StallWatch). A run that reaches none of these within the
     wall-clock backstop (or does not start) is inconclusive: InconclusiveRun, never a failure.
     `started["seconds"]`: how long the start took."""
     world_size = len(procs)
@@ -916,6 +1003,8 @@ def _supervise(procs: list[_RankProcess], workdir: str, timeout: float, show_out
     pending = set(range(world_size))
     failed: set[int] = set()
     watch = _DeadlockWatch(procs, workdir)
+    stall = _StallWatch(max(timeout, STALL_MIN_S), progress=lambda rank: _progress(workdir, rank))
+    stalled = 0.0  # the seconds of a stall (see _StallWatch), once convicted
     settled = _Settled(procs)  # after a failure: are the others just waiting?
     deadlock, inconclusive = False, None
     over_budget: list[int] = []
@@ -956,6 +1045,9 @@ def _supervise(procs: list[_RankProcess], workdir: str, timeout: float, show_out
                     break
             if watch.deadlocked(now, pending):
                 deadlock = True
+                break
+            if stall.stalled(now, {r: procs[r].pid for r in pending}):
+                stalled = stall.seconds(now)
                 break
         if pending and first_failure_at is not None and settled.quiet(now, pending):
             break  # the survivors are blocked waiting for the failed rank: no need to wait out the grace
@@ -1069,6 +1161,11 @@ def _supervise(procs: list[_RankProcess], workdir: str, timeout: float, show_out
         summary = (f"run_distributed: deadlock: every rank still running ({names}) was waiting on its peers at "
                    f"the same place at two looks {DEADLOCK_IDLE_S:g} s apart, and none made progress in between "
                    f"(world size {world_size}). Where each rank was waiting is below; every rank was stopped.")
+    elif stalled:
+        summary = (f"run_distributed: rank(s) {names} stopped: for {stalled:.0f} s none of them ran, made progress "
+                   f"or waited for a CPU (the operating system's record: they were asleep, not slowed by a busy "
+                   f"machine) (world size {world_size}). A `time.sleep`, or a wait for something that never comes? "
+                   f"Each rank's stack is below; every rank was stopped.")
     elif first_failure_at is None:
         busy = ", ".join(str(r) for r in over_budget)
         summary = (f"run_distributed: rank(s) {busy} computed for {timeout:g} CPU-seconds without finishing (the "
