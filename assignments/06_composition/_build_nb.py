@@ -855,8 +855,8 @@ def build() -> NotebookBuilder:
     check_plan(plan, toy, Cluster(8), Layout(tp=2, pp=2, dp=2, zero=1), Training(seq_len=2048, global_batch=16),
                feasible=True, check_mfu=True)
     # The batch rule counts the micro-batch: 16 sequences over DP 2 in micro-batches of 3 do not divide (16 % 6)
-    check_plan(plan, toy, Cluster(8), Layout(tp=2, pp=2, dp=2, zero=1, micro_batch=3), Training(seq_len=2048, global_batch=16),
-               feasible=False, reason="global batch")
+    check_plan(plan, toy, Cluster(8), Layout(tp=2, pp=2, dp=2, zero=1, micro_batch=3),
+               Training(seq_len=2048, global_batch=16), feasible=False, reason="global batch")
     """, hidden="""
     # MFU with full recompute: the recomputed forward is work done, not model FLOPs
     check_plan(plan, toy, Cluster(8), Layout(tp=2, pp=2, dp=2, zero=1, recompute="full", micro_batch=2),

@@ -312,7 +312,7 @@ MUTANTS = [
     mutant(
         "zb_keeps_w_state", "run_pipeline_zb",
         [('    backward_weight(state["weights"].pop((mb, chunk)))',
-          '    backward_weight(list(state["weights"][(mb, chunk)]))  # a copy: the state stays for the end of the step')],
+          '    backward_weight(list(state["weights"][(mb, chunk)]))  # a copy: the state stays until the end')],
         must_fail={"test_pipeline_zb_memory"},
         why="W runs on a copy of its state and keeps the state: every micro-batch's weight-gradient inputs (the "
             "output gradient of each weighted layer) stay alive until the step ends",
