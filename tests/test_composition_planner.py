@@ -205,3 +205,46 @@ def test_best_layouts_are_feasible_sorted_and_include_what_meta_ran_among_feasib
     times = [p.time["total"] for p in best]
     assert times == sorted(times)
     assert plan(LLAMA3_405B, BIG, Layout(tp=8, pp=16, dp=128, recompute="full"), LLAMA).feasible
+
+
+def test_fewer_micro_batches_than_stages_caps_what_a_stage_holds():
+    """1F1B keeps min(pp - stage, m) micro-batches on a stage: with m = 8 < 16 stages, stage 0 of Llama 3 405B
+    holds 8, half of what 16 micro-batches cost (the notebook's case for a planner that ignores m)."""
+    lay = Layout(tp=8, pp=16, dp=128, zero=1)
+    full, half = (memory_per_gpu(LLAMA3_405B, lay, Training(8192, gb)) for gb in (2048, 1024))
+    assert lay.microbatches(Training(8192, 1024)) == 8 and full["stage"] == half["stage"] == 0
+    assert half["activations"] == pytest.approx(full["activations"] / 2, rel=1e-12)
+    assert half["activations"] == 8 * 8 * 8192 * LLAMA3_405B.activation_bytes_per_token(tp=8, bytes_per_element=2)
+
+
+def test_the_batch_rule_counts_the_micro_batch():
+    tr = Training(seq_len=8192, global_batch=16)
+    assert plan(LLAMA3_8B, Cluster(64), Layout(tp=8, dp=8, micro_batch=2), tr).feasible
+    for mb in (3, 4):  # 16 % 24, and 16 % 32 (not even one micro-batch per DP rank)
+        assert any("global batch" in r for r in plan(LLAMA3_8B, Cluster(64), Layout(tp=8, dp=8, micro_batch=mb),
+                                                     tr).reasons)
+
+
+def test_long_context_ranks_a_cp_32_layout_first_with_the_given_micro_batch():
+    """The notebook's best_layouts cases where context parallelism across nodes wins (64K and 128K tokens): CP 32
+    first, every candidate with the micro-batch asked for (a search that drops it, or stops CP at 16, differs)."""
+    for gpus, seq, batch, mb in [(64, 65536, 8, 2), (128, 131072, 4, 2), (32, 131072, 16, 1)]:
+        best = best_layouts(LLAMA3_8B, Cluster(gpus), Training(seq, batch), top=3, micro_batch=mb)
+        assert best[0].layout.cp == 32 and all(p.layout.micro_batch == mb for p in best), [p.layout for p in best]
+        without = best_layouts(LLAMA3_8B, Cluster(gpus), Training(seq, batch), top=3)
+        assert mb == 1 or [p.layout for p in without] != [p.layout for p in best]
+
+
+def test_check_best_layouts_passes_the_micro_batch_and_names_one_that_was_dropped():
+    from autograder.checks.composition import check_best_layouts
+    from autograder.runtime.compare import CheckFailure
+
+    tr = Training(seq_len=65536, global_batch=8)
+    want = [p.layout for p in best_layouts(LLAMA3_8B, Cluster(64), tr, top=3, micro_batch=2)]
+    check_best_layouts(best_layouts, LLAMA3_8B, Cluster(64), tr, top=3, micro_batch=2, expected=want)
+
+    def dropped(model, cluster, training, *, zero_stages=(1,), recompute=("none", "full"), micro_batch=1, top=5):
+        return best_layouts(model, cluster, training, zero_stages=zero_stages, recompute=recompute, top=top)
+
+    with pytest.raises(CheckFailure, match=r"micro_batch=2\): returned layouts with micro-batch \[1\], expected 2"):
+        check_best_layouts(dropped, LLAMA3_8B, Cluster(64), tr, top=3, micro_batch=2, expected=want)

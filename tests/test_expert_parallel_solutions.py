@@ -15,7 +15,10 @@
 - exercise 7: the overlapped layer equals the plain one; its checks accept
   another correct schedule (other half first, experts recomputed in backward)
   and fail a correct but sequential one on the overlap alone; the ledger
-  attributes each wait to its all-to-all.
+  attributes each wait to its all-to-all; its held transport shows the rows
+  only once the caller completes the work (NaN before, whenever gloo moved
+  them), so experts that read before waiting fail every time, and an
+  all-to-all completed another way than wait() is not in flight.
 """
 
 from __future__ import annotations
@@ -42,7 +45,9 @@ from solutions.expert_parallel.routing import (  # noqa: E402
     run_local_experts, sort_chunks_by_idxs, topk_router, unpermute,
 )
 from solutions.expert_parallel.layers import AllToAllTokenDispatcher, MoELayer, apply_router_token_dropping  # noqa: E402
-from solutions.expert_parallel.overlap import OverlappedMoELayer, experts_on_received, post_all_to_all  # noqa: E402
+from solutions.expert_parallel.overlap import (  # noqa: E402
+    OverlappedMoELayer, _OverlappedExperts, experts_on_received, post_all_to_all,
+)
 
 
 def _megatron_moe_utils():
@@ -573,3 +578,109 @@ def test_overlap_ledger_knows_which_all_to_all_a_wait_is_for():
     assert len(a2a) == 3 and len(waits) == 3  # the synchronous call's own wait is not one of them
     assert [waited[w] for w in waits] == [a2a[2], a2a[1], None]
     assert marks[0]["seq"] == a2a[2] + 1 and marks[0]["phase"] == "forward"
+
+
+# The check's held transport: an asynchronous float all-to-all's output holds NaN until the caller completes its work
+
+def _held_transport(rank, world_size):
+    ledger = checks_overlap._OverlapLedger()
+    x = torch.arange(4.0, dtype=torch.float64).view(4, 1) + 10 * rank
+    seen, outs = {}, {}
+    with ledger:
+        out = torch.empty(4, 1, dtype=torch.float64)
+        work = dist.all_to_all_single(out, x, async_op=True)
+        ledger._orig_wait(work)  # the transfer itself is over (gloo has moved the rows) ...
+        seen["before"] = out.clone()  # ... and the caller still sees the poison: it has not waited
+        work.wait()
+        seen["after"] = out.clone()
+        for how in ("is_completed", "get_future", "synchronize", "result", "barrier"):
+            o = torch.empty(4, 1, dtype=torch.float64)
+            w = dist.all_to_all_single(o, x, async_op=True)
+            dist.barrier() if how == "barrier" else getattr(w, how)()
+            outs[how] = o.clone()
+            w.wait()
+        pieces = [torch.empty(2, 1, dtype=torch.float64) for _ in range(2)]
+        w = dist.all_to_all(pieces, list(x.split(2)), async_op=True)  # the list API is held too
+        seen["list before"] = torch.cat(pieces).clone()
+        w.wait()
+        seen["list after"] = torch.cat(pieces).clone()
+        counts = torch.empty(4, dtype=torch.int64)
+        dist.all_to_all_single(counts, x.view(-1).long(), async_op=True).wait()  # integers: not held
+        seen["counts"] = counts
+        seen["sync"] = torch.empty(4, 1, dtype=torch.float64)
+        dist.all_to_all_single(seen["sync"], x)  # synchronous: not held
+    return seen, outs, {seq: how for seq, (_, how) in ledger.released.items()}, len(ledger.held)
+
+
+def test_held_transport_delivers_rows_only_when_the_caller_completes_the_work():
+    """What the layer sees of an all-to-all does not depend on when gloo moved the data: NaN until the caller's
+    wait (or is_completed, get_future, synchronize, result, a barrier: each completes it where it is called)."""
+    for rank, (seen, outs, released, held) in enumerate(run_distributed(_held_transport, 2)):
+        want = torch.cat([torch.arange(4.0, dtype=torch.float64).view(4, 1)[2 * rank:2 * rank + 2] + 10 * s
+                          for s in range(2)])
+        assert torch.isnan(seen["before"]).all() and torch.isnan(seen["list before"]).all()
+        for got in [seen["after"], seen["list after"], seen["sync"], *outs.values()]:
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+        torch.testing.assert_close(seen["counts"], want.view(-1).long(), rtol=0, atol=0)
+        assert held == 7  # the six single ones and the list one; not the integers, not the synchronous one
+        assert sorted(released.values()) == sorted(["wait()", "wait()", "is_completed()", "get_future()",
+                                                     "synchronize()", "result()",
+                                                     "a barrier of its group (dist.barrier)"])
+
+
+class _ExpertsBeforeWait(_OverlappedExperts):
+    """The reference's forward with each half's experts run on its receive buffer BEFORE its dispatch is waited
+    (its backward the reference's): on an idle machine the rows have usually arrived by then, the race that the
+    held transport always loses."""
+
+    @staticmethod
+    def forward(ctx, local_experts, plans, *rows):
+        group = plans[0]["group"]
+        sent = [post_all_to_all(x, output_split_sizes=p["recv"], input_split_sizes=p["send"], group=group)
+                for x, p in zip(rows, plans)]
+        ctx.received, ctx.outputs, back = [], [], []
+        for (received, work), plan in zip(sent, plans):
+            received = received.detach().requires_grad_()
+            with torch.enable_grad():
+                out = experts_on_received(local_experts, received, plan)
+            work.wait()
+            ctx.received.append(received)
+            ctx.outputs.append(out)
+            back.append(post_all_to_all(out.detach(), output_split_sizes=plan["send"],
+                                        input_split_sizes=plan["recv"], group=group))
+        for _, work in back:
+            work.wait()
+        ctx.plans = plans
+        return tuple(b for b, _ in back)
+
+
+def test_experts_that_read_the_buffer_before_waiting_fail_both_cells_every_time(monkeypatch):
+    import solutions.expert_parallel.overlap as overlap
+
+    monkeypatch.setattr(overlap, "_OverlappedExperts", _ExpertsBeforeWait)  # forked ranks inherit the patch
+    with pytest.raises(CheckFailure, match=r"(?s)got nan.*is the check's poison: rows of an all-to-all were read "
+                                           r"before its work was waited"):
+        checks_overlap.check_overlapped_moe_layer(OverlappedMoELayer, world_size=2, num_experts=4, num_tokens=12)
+    with pytest.raises(CheckFailure, match=r"forward: local expert \d computed \(#\d+\) on rows that had not "
+                                           r"arrived: its input held NaN.*half 0's dispatch \(posted #\d+, "
+                                           r"completed at #\d+ by wait\(\)\)"):
+        checks_overlap.check_moe_overlap(OverlappedMoELayer, world_size=2, num_experts=4, num_tokens=12)
+
+
+def test_an_all_to_all_completed_by_polling_is_no_longer_in_flight(monkeypatch):
+    """Completing every all-to-all at once another way than wait() (here a loop on is_completed()) and calling
+    wait() where the reference does: right numbers, nothing in flight while the other half computes."""
+    import solutions.expert_parallel.overlap as overlap
+
+    def post_and_poll(input_, **kwargs):
+        output, work = post_all_to_all(input_, **kwargs)
+        while work is not None and not work.is_completed():
+            pass
+        return output, work
+
+    monkeypatch.setattr(overlap, "post_all_to_all", post_and_poll)
+    checks_overlap.check_overlapped_moe_layer(OverlappedMoELayer, world_size=2, num_experts=4, num_tokens=12)
+    with pytest.raises(CheckFailure, match=r"forward: half 1's dispatch all-to-all must be in flight while half 0's "
+                                           r"experts compute .* completed at #\d+ \(by is_completed\(\), before "
+                                           r"they ended\)"):
+        checks_overlap.check_moe_overlap(OverlappedMoELayer, world_size=2, num_experts=4, num_tokens=12)

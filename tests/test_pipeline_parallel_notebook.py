@@ -7,7 +7,7 @@ stubs, mutants, rebuild); here what is particular to 03: a readable failure
 names a rank, a stage, a schedule or the split backward's function, and a
 deadlock comes with where each rank waited and a hint (the deadlocking
 mutants end within the checks' 5 s timeout, so most of them run only with
-COURSE_EXHAUSTIVE=1); the mutants issues 7 and 23 ask for exist; and the
+COURSE_EXHAUSTIVE=1); the mutants issues 7, 23 and 30 ask for exist; and the
 VISIBLE tests alone (the release notebook, as a student runs it) fail every
 cell each mutant must fail (issue 20: a direction, peer or order mistake
 never passes visibly and loses points in grading), except the mistakes only
@@ -26,7 +26,7 @@ from solutions.submissions import mutant_submission, mutants_of, run_graded_cell
 A = "03_pipeline_parallel"
 CAUGHT_IN_MAKE_TEST = {"loss_summed_not_averaged", "warmup_off_by_one", "blocking_sends", "keeps_every_output",
                        "one_f_one_b_lifo_cooldown", "no_detach_between_own_chunks", "w_accumulated_twice",
-                       "zb_h1_w_not_deferred", "dualpipev_split_parity_swapped"}
+                       "zb_h1_w_not_deferred", "dualpipev_split_parity_swapped", "zb_keeps_w_state"}
 # mistakes that only a case the visible tests cannot reasonably contain shows (and why)
 HIDDEN_ONLY = {"no_detach_between_own_chunks": "one rank (p = 1) with chunks: the graph is only cut wrongly there"}
 # the visible-test sweep of `make test` (every other mutant with COURSE_EXHAUSTIVE=1)
@@ -52,6 +52,8 @@ class TestPipelineParallelNotebook(NotebookTests):
         "zb_one_tag_for_both_streams": {"test_pipeline_zb_memory"},  # counts do not depend on the data
         "v_chunk_on_wrong_stage": {"test_run_pipeline_zb_h1"},
         "zb_keeps_outputs": {"test_run_pipeline_zb_h1", "test_run_pipeline_dualpipev"},
+        "zb_keeps_inputs": {"test_run_pipeline_zb_h1", "test_run_pipeline_dualpipev"},
+        "zb_keeps_w_state": {"test_run_pipeline_zb_h1", "test_run_pipeline_dualpipev"},
         "zb_w_never_run": {"test_pipeline_zb_memory", "test_split_backward"},
         # the demo's whole partial credit is graded by tests/test_pipeline.py (real nbgrader); here the cells next to it
         "w_accumulated_twice": {"test_split_backward_memory", "test_zb_h1_schedule", "test_dualpipev_schedule",
@@ -71,7 +73,7 @@ class TestPipelineParallelNotebook(NotebookTests):
             return "Hint: the ranks deadlocked" in msg and bool(re.search(r"ranks? \d", msg))
         return True
 
-    def test_the_mutants_issues_7_20_and_23_ask_for_exist(self):
+    def test_the_mutants_issues_7_20_23_and_30_ask_for_exist(self):
         names = {m.name for m in self.mutants}
         assert {"warmup_off_by_one", "gpipe_backward_lifo", "one_f_one_b_lifo_cooldown", "loss_summed_not_averaged",
                 "blocking_sends", "keeps_every_output", "gradient_to_wrong_neighbour",
@@ -80,6 +82,8 @@ class TestPipelineParallelNotebook(NotebookTests):
         assert {"activation_to_previous_rank", "backward_receives_with_recv_forward"} <= names
         # issue 23: W accumulated twice or never, B and W swapped in a list, a DualPipeV chunk on the wrong stage
         assert {"w_accumulated_twice", "zb_w_never_run", "zb_h1_w_before_b", "v_chunk_on_wrong_stage"} <= names
+        # issue 30: an executor that keeps each micro-batch's input, or its W state, until the step ends
+        assert {"zb_keeps_inputs", "zb_keeps_w_state"} <= names
         assert set(HIDDEN_ONLY) <= names
 
     @pytest.mark.parametrize("m", sweep([m for m in mutants_of(A) if m.must_fail and m.name not in HIDDEN_ONLY],

@@ -274,6 +274,39 @@ def test_zb_memory_reference():
     zb.check_pipeline_zb_memory(run_pipeline_zb, dualpipev_schedule, num_stages=4, num_microbatches=8, style="v")
 
 
+@pytest.mark.parametrize("fn,p,m,style", [(zb_h1_schedule, 3, 5, "loop"), (dualpipev_schedule, 2, 5, "v")])
+def test_zb_memory_sees_inputs_and_w_states_on_the_reference(fn, p, m, style):
+    """The two upper bounds of check_pipeline_zb_memory (received stage inputs, W-state gradients) watch tensors
+    that exist: on the reference they are reached exactly, so a count that stayed 0 proves nothing is not what
+    passes. Stage inputs live until their W (the graph keeps them), a W state from its B to its W."""
+    layout, schedules, case, results, v = zb._run_zb(
+        run_pipeline_zb, fn, num_stages=p, num_microbatches=m, style=style, num_chunks=None, world_size=p,
+        pp_ranks=None, batch=2, hidden=4, dtype=torch.float64, seed=0, measure_memory=True, sleeps=(0.0, 0.0, 0.0),
+        backend="gloo", timeout=zb._TIMEOUT)
+    peaks = []
+    for res in results:
+        flat = _plain(schedules[res["group_rank"]])
+        deferred = {(mb, c) for kind, mb, c in flat if kind == "W"}
+        receives = {c for c in range(v) if stage_of(style, p, res["group_rank"], c) != 0}
+        given = pending = 0
+        want = []
+        for kind, mb, c in flat:
+            if kind == "F":
+                given += c in receives
+                want.append((given, pending))
+            elif kind == "B" and (mb, c) in deferred:
+                pending += 1
+            else:
+                given -= c in receives
+                pending -= kind == "W"
+        assert [tuple(h[4:6]) for h in res["held"]] == want
+        assert res["held_after"] == (0, 0, 0, 0)
+        peaks.append(max(want))
+    assert max(g for g, _ in peaks) > 0
+    # ZB-H1 forwards while Ws wait; DualPipeV runs every pending W before its next forward (its bound there is 0)
+    assert (max(d for _, d in peaks) > 0) == (style == "loop")
+
+
 def test_public_schedule_checks_pass_on_the_reference():
     zb.check_zb_h1_schedule(zb_h1_schedule, cases=[(4, 8), (3, 5), (4, 3), (2, 2), (5, 9), (6, 6), (3, 1),
                                                        (1, 3)])

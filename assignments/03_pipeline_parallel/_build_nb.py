@@ -650,7 +650,9 @@ def build() -> NotebookBuilder:
     (recorded while it ran: a B that computes a weight gradient the list
     deferred fails); the P2P messages; and memory: after every forward,
     exactly the stage outputs still waiting for their B and the stage inputs
-    still waiting for their W are alive, none after the step.
+    still waiting for their W are alive (the inputs you received, and what
+    the layers saved of them), no W state outlives its W (the gradients
+    `backward_input` left for it), none of these after the step.
     """)
     nb.given("zb_helpers", source_of(executor_zb, "_check_zb_args"))
     nb.solution_from("run_pipeline_zb", executor_zb, "ACTIVATION_TAG", "GRADIENT_TAG", "_stage_of", "_owner",

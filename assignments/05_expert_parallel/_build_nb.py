@@ -538,10 +538,19 @@ def build() -> NotebookBuilder:
     ledger in order. Per phase, with F the half whose experts compute first and
     S the other: S's all-to-all towards the experts must be posted before F's
     experts start and waited after they end; F's all-to-all home must be posted
-    before S's experts start and waited after they end. The ledger records which
-    all-to-all each `wait()` is for, and hooks on the local experts mark their
-    compute (call them as modules: `run_local_experts` does). A layer that
-    waits at once computes right and loses only the overlap cell.
+    before S's experts start and waited after they end; and each half's experts
+    run only after that half's own all-to-all towards them is waited. The ledger
+    records which all-to-all each `wait()` is for, and hooks on the local
+    experts mark their compute (call them as modules: `run_local_experts`
+    does). Both cells run your layer on the check's own transport, which
+    **holds** every asynchronous all-to-all: its output buffer holds NaN until
+    your code completes the work, by `wait()` or any other way
+    (`is_completed()`, `get_future()`, `synchronize()`, `result()`, a barrier),
+    and gets the rows only then. Rows read before the wait are NaN every time,
+    however fast the machine (a race the real transport usually wins), and an
+    all-to-all completed early is no longer in flight, wherever you call
+    `wait()`. A layer that waits at once computes right and loses only the
+    overlap cell.
     """)
     nb.solution_from("moe_overlap", overlap, "post_all_to_all", "experts_on_received", "_OverlappedExperts",
                      "OverlappedMoELayer")

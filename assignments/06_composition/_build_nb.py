@@ -659,6 +659,12 @@ def build() -> NotebookBuilder:
     check_memory_per_gpu(memory_per_gpu, toy, Layout(tp=2, pp=2, dp=2, zero=1), Training(seq_len=2048, global_batch=16),
                          expected={"params": 58_725_376, "grads": 117_450_752, "optimizer": 176_176_128,
                                    "activations": 268_435_456, "total": 620_787_712, "stage": 1})
+    # Fewer micro-batches than stages: Llama 3 405B, TP 8 x PP 16 x DP 128, 1024 sequences per step -> m = 8 < 16.
+    # Stage 0 (8 of the 126 layers) can only ever hold 8 micro-batches, not 16: 8 x 8 layers x 8192 tokens x
+    # 65,024 B per token per layer (activation_bytes_per_token(tp=8)) = 34.1 GB of activations, 55.1 GB in all.
+    check_memory_per_gpu(memory_per_gpu, LLAMA3_405B, Layout(tp=8, pp=16, dp=128, zero=1),
+                         Training(seq_len=8192, global_batch=1024),
+                         expected={"activations": 8 * 8 * 8192 * 65_024, "stage": 0}, total_between=(54e9, 56e9))
     """, hidden="""
     tr = Training(seq_len=2048, global_batch=16)
     # full recompute, ZeRO-3, 4 micro-batches of 2: stage 1 keeps inputs 2048*2 tokens * 1024/2 * 2 B * 2 layers * 1,
@@ -686,6 +692,11 @@ def build() -> NotebookBuilder:
                          expected={"stage": 0}, total_between=(85e9, 93e9))
     check_memory_per_gpu(memory_per_gpu, LLAMA3_405B, Layout(tp=8, pp=16, dp=128, zero=1, recompute="full"), llama,
                          expected={"stage": 0}, total_between=(22e9, 28e9))
+    # 512 sequences: m = 4 micro-batches for 16 stages, with full recomputation: stage 0 keeps 4 micro-batches' layer
+    # inputs (8192 tokens x 16384 / 8 x 2 B per layer, 8 layers) and one layer's full activations (8192 x 65,024 B)
+    check_memory_per_gpu(memory_per_gpu, LLAMA3_405B, Layout(tp=8, pp=16, dp=128, zero=1, recompute="full"),
+                         Training(seq_len=8192, global_batch=512),
+                         expected={"activations": 4 * 8 * 8192 * 2048 * 2 + 8192 * 65_024, "stage": 0})
     """)
     nb.exercise(11, "`step_time`", """
     `step_time(model, cluster, layout, training)` returns seconds per step:
@@ -843,6 +854,9 @@ def build() -> NotebookBuilder:
                       tied_embeddings=True)
     check_plan(plan, toy, Cluster(8), Layout(tp=2, pp=2, dp=2, zero=1), Training(seq_len=2048, global_batch=16),
                feasible=True, check_mfu=True)
+    # The batch rule counts the micro-batch: 16 sequences over DP 2 in micro-batches of 3 do not divide (16 % 6)
+    check_plan(plan, toy, Cluster(8), Layout(tp=2, pp=2, dp=2, zero=1, micro_batch=3),
+               Training(seq_len=2048, global_batch=16), feasible=False, reason="global batch")
     """, hidden="""
     # MFU with full recompute: the recomputed forward is work done, not model FLOPs
     check_plan(plan, toy, Cluster(8), Layout(tp=2, pp=2, dp=2, zero=1, recompute="full", micro_batch=2),
@@ -863,12 +877,21 @@ def build() -> NotebookBuilder:
                reason="sequence")
     check_plan(plan, LLAMA3_8B, Cluster(64), Layout(pp=64), Training(seq_len=8192, global_batch=64), feasible=False,
                reason="layers")
+    # a micro-batch larger than a DP rank's share of the batch: not even one micro-batch per step
+    check_plan(plan, LLAMA3_8B, Cluster(64), Layout(tp=8, dp=8, micro_batch=4), Training(seq_len=8192, global_batch=16),
+               feasible=False, reason="global batch")
+    check_plan(plan, LLAMA3_8B, Cluster(64), Layout(tp=8, dp=8, micro_batch=2), Training(seq_len=8192, global_batch=16),
+               feasible=True)
     """)
     nb.test("test_best_layouts", 4, doc="best_layouts returns the fastest feasible candidates as the course's planner ranks them, fastest first.",
             visible=f"""
     # expected: the course's reference planner's ranking (solutions/composition/planner.py, at build time)
     check_best_layouts(best_layouts, LLAMA3_70B, Cluster(64), Training(seq_len=8192, global_batch=512), top=3,
                        expected={_best('LLAMA3_70B', 64, dict(seq_len=8192, global_batch=512), top=3)})
+    # Long context (64K tokens per sequence), micro-batches of 2: context parallelism across nodes ranks first
+    check_best_layouts(best_layouts, LLAMA3_8B, Cluster(64), Training(seq_len=65536, global_batch=8), top=3,
+                       micro_batch=2,
+                       expected={_best('LLAMA3_8B', 64, dict(seq_len=65536, global_batch=8), top=3, micro_batch=2)})
     """, hidden=f"""
     check_best_layouts(best_layouts, LLAMA3_405B, Cluster(16384), Training(seq_len=8192, global_batch=2048), top=5,
                        expected={_best('LLAMA3_405B', 16384, dict(seq_len=8192, global_batch=2048), top=5)})
@@ -876,6 +899,11 @@ def build() -> NotebookBuilder:
                        zero_stages=(1, 3), recompute=("full",), expected={_best('GPT3_175B', 512, dict(seq_len=2048, global_batch=1536), top=2, zero_stages=(1, 3), recompute=('full',))})
     check_best_layouts(best_layouts, LLAMA3_8B, Cluster(64), Training(seq_len=8192, global_batch=256), top=4,
                        zero_stages=(1, 2, 3), expected={_best('LLAMA3_8B', 64, dict(seq_len=8192, global_batch=256), top=4, zero_stages=(1, 2, 3))})
+    check_best_layouts(best_layouts, LLAMA3_8B, Cluster(128), Training(seq_len=131072, global_batch=4), top=3,
+                       micro_batch=2,
+                       expected={_best('LLAMA3_8B', 128, dict(seq_len=131072, global_batch=4), top=3, micro_batch=2)})
+    check_best_layouts(best_layouts, LLAMA3_8B, Cluster(32), Training(seq_len=131072, global_batch=16), top=3,
+                       expected={_best('LLAMA3_8B', 32, dict(seq_len=131072, global_batch=16), top=3)})
     """)
     nb.markdown("""
     ### Picture: candidate layouts of Llama 3 405B on 16,384 GPUs

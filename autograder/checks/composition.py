@@ -1074,19 +1074,28 @@ def check_plan(plan, model, cluster, layout, training, *, feasible: bool, reason
 
 
 def check_best_layouts(best_layouts, model, cluster, training, *, expected: list, top: int = 3, zero_stages=(1,),
-                       recompute=("none", "full")) -> None:
+                       recompute=("none", "full"), micro_batch: int = 1) -> None:
     """`best_layouts` returns, fastest first, exactly the `expected` layouts: the `top` fastest feasible ones
     of the whole candidate space as the course's reference planner judges them (the builder computes
     `expected` with it), so a search that ranks with wrong memory or time numbers does not pass; every plan
-    it returns is feasible."""
+    it returns is feasible. `micro_batch` is passed on (the default is not: a search that has no such
+    argument fails); every returned layout has that micro-batch."""
     from autograder.lessons.planner import Plan
 
-    what = f"best_layouts({model.name}, {cluster.num_gpus} GPUs, top={top})"
-    got = _one_rank(_call_program, best_layouts, (model, cluster, training),
-                    dict(zero_stages=tuple(zero_stages), recompute=tuple(recompute), top=top))
+    what = (f"best_layouts({model.name}, {cluster.num_gpus} GPUs, seq {training.seq_len}, global batch "
+            f"{training.global_batch}, top={top}" + (f", micro_batch={micro_batch}" if micro_batch != 1 else "") + ")")
+    kwargs = dict(zero_stages=tuple(zero_stages), recompute=tuple(recompute), top=top)
+    if micro_batch != 1:
+        kwargs["micro_batch"] = micro_batch
+    got = _one_rank(_call_program, best_layouts, (model, cluster, training), kwargs)
     if not isinstance(got, list) or not all(isinstance(p, Plan) for p in got):
         raise CheckFailure(f"{what}: expected a list of Plan, got {type(got).__name__}")
     have = [p.layout for p in got]
+    other = sorted({p.layout.micro_batch for p in got} - {micro_batch})
+    if other:
+        raise CheckFailure(f"{what}: returned layouts with micro-batch {other}, expected {micro_batch} for every "
+                           f"candidate: build each Layout with the micro_batch you were given (it changes the "
+                           f"micro-batch count, the memory in flight, the bubble and every volume)")
     if have != list(expected):
         def names(layouts):
             return [lay.name + (f", micro-batch {lay.micro_batch}" if lay.micro_batch != 1 else "")

@@ -15,25 +15,39 @@ and a combine all-to-all with that half's splits, their mirrors in backward.
 
 `check_moe_overlap` grades the schedule, from each rank's ledger in order
 (the judgement of 04's `check_ring_overlap` and 02's `check_async_allreduce_overlap`:
-an op posted before the compute it must hide behind, and waited after it;
-CPU timing proves nothing, gloo moves data on its own threads). Three things
-are recorded in one sequence per rank:
+an op posted before the compute it must hide behind, and completed after it;
+CPU timing proves nothing, gloo moves data on its own threads). Both checks
+run the layer on the check's own transport, which HOLDS every asynchronous
+float all-to-all (`_OverlapLedger`): gloo moves the rows into a buffer of the
+check's, the caller's output buffer holds NaN (the poison) until the caller
+completes the work, by `wait()` or any other way (`is_completed()`,
+`get_future()`, `synchronize()`, `result()`, ...: `_COMPLETING`; a barrier of
+its group), and only then are the rows copied in. So an all-to-all is in
+flight, for the layer, exactly from its post to the event that completed it,
+wherever the student's code put that event, and rows read before it are NaN
+whatever the machine's speed: a race the real transport would win on an idle
+machine loses here every time. Recorded in one sequence per rank:
 
 - each all-to-all (the ledger), with `async_op`;
-- each `Work.wait()`, with the all-to-all whose `Work` it is (`_OverlapLedger`:
-  `dist.Work.unbox` of the op's result is the very object the caller gets);
+- each `Work.wait()`, with the all-to-all whose `Work` it is (`dist.Work.unbox`
+  of the op's result is the very object the caller gets), and each other event
+  that completed a held all-to-all (`released`);
 - the experts' compute: a forward pre-hook and a forward hook on every local
   expert mark the start and end of each call (with its rows, whose first row
-  names the token, hence the half), and tensor hooks on the call's output and
-  input mark the start and end of its backward.
+  names the token, hence the half, and whether they hold poison), and tensor
+  hooks on the call's output and input mark the start (is the arriving
+  gradient poison?) and end of its backward.
 
-Then, per phase, with F the half whose experts compute first and S the other:
-the all-to-all that brings S's rows to the experts (forward: dispatch;
-backward: combine's backward) must be posted before F's experts start and
-waited after they end; the all-to-all that takes F's rows home (forward:
-combine; backward: dispatch's backward) must be posted before S's experts
-start and waited after they end. A layer that waits at once computes right
-and fails only this check.
+Then, per phase: no expert reads poison (its input in forward, its output's
+gradient in backward), nor do the layer's output and input gradient; each
+half's all-to-all towards the experts is completed before that half's experts
+start; and, with F the half whose experts compute first and S the other, the
+all-to-all that brings S's rows to the experts (forward: dispatch; backward:
+combine's backward) is posted before F's experts start and completed after
+they end, the all-to-all that takes F's rows home (forward: combine; backward:
+dispatch's backward) posted before S's experts start and completed after they
+end. A layer that waits at once computes right and fails only this check; one
+whose experts read a buffer before waiting for it fails both.
 """
 
 from __future__ import annotations
@@ -65,9 +79,24 @@ def halves(num_tokens: int) -> list[range]:
 # In the ranks: the ledger that knows which all-to-all a wait is for, and the experts' compute marks
 # ---------------------------------------------------------------------------
 
+# The Work methods through which a caller can make an all-to-all complete, or learn that it has: each one releases
+# a held all-to-all (delivers its rows) where it is called. `exception` and `source_rank` do neither.
+_COMPLETING = ("wait", "synchronize", "get_future", "get_future_result", "result", "is_completed", "is_success",
+               "block_current_stream")
+_HELD_OPS = ("c10d::alltoall_base_", "c10d::alltoall_")
+
+
 class _OverlapLedger(CommLedger):
     """CommLedger that also records, in the same sequence, which all-to-all each `Work.wait()` waits for
-    (`waited`: wait record seq -> all-to-all record seq, None for another op's Work) and marks (`mark`)."""
+    (`waited`: wait record seq -> all-to-all record seq, None for another op's Work) and marks (`mark`); and that
+    HOLDS every asynchronous float all-to-all until its work is waited (the check's transport).
+
+    Held: the op runs into buffers of the check's own, and the caller's output buffer is filled with poison
+    (NaN) at once; the rows are copied into it only when the caller completes the work: `wait()`, or any other
+    method of the Work that completes it or says whether it has completed (`_COMPLETING`), or a barrier of its
+    group (gloo's barrier waits for every collective in flight). `released`: all-to-all seq -> (seq of that
+    event, how). So what the caller sees of an all-to-all does not depend on when gloo moved the data: rows read
+    before the release are NaN, whatever the machine's load, and the release is where the caller put it."""
 
     def __init__(self):
         super().__init__()
@@ -75,30 +104,94 @@ class _OverlapLedger(CommLedger):
         self.waited: dict[int, int | None] = {}
         self.functional: list[int] = []  # seqs of all-to-alls of the functional collectives (no Work to wait on)
         self._works: dict[int, tuple] = {}  # id(Work) -> (all-to-all seq, the Work, kept alive so ids stay unique)
+        self.held: dict[int, dict] = {}  # id(Work) -> the held all-to-all: seq, group, caller's and own buffers
+        self.released: dict[int, tuple[int, str]] = {}  # all-to-all seq -> (seq of the event that completed it, how)
+        self._saved: dict[str, object] = {}
 
-    def mark(self, kind: str, call: int, expert: int, rows: int | None = None, first=None) -> None:
+    def mark(self, kind: str, call: int, expert: int, rows: int | None = None, first=None, *, poison=False) -> None:
         self.marks.append({"seq": self._next_seq(), "kind": kind, "call": call, "expert": expert,
-                           "phase": self._phase(), "rows": rows, "first": first})
+                           "phase": self._phase(), "rows": rows, "first": first, "poison": bool(poison),
+                           "in_flight": self.in_flight()})
+
+    def in_flight(self) -> list[int]:
+        """The held all-to-alls posted and not completed yet (their seqs)."""
+        return [h["seq"] for h in self.held.values() if h["seq"] not in self.released]
+
+    def _release(self, work, how: str, seq: int | None = None) -> None:
+        held = self.held.get(id(work))
+        if held is None or held["seq"] in self.released:
+            return
+        self.released[held["seq"]] = (self._next_seq() if seq is None else seq, how)
+        self._orig_wait(held["work"])  # the real transfer, into the check's buffers
+        for out, own in zip(held["outputs"], held["own"]):
+            out.data.copy_(own)  # as the transport writes: no autograd version bump
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func._schema.name
+        if name == "c10d::barrier":
+            n = len(self.records)
+            out = self._dispatch(func, types, args, kwargs)
+            group = self.records[-1].group_name if len(self.records) > n else None
+            for held in list(self.held.values()):
+                if held["group"] == group:
+                    self._release(held["work"], "a barrier of its group (dist.barrier)")
+            return out
+        by_name = {a.name: v for a, v in zip(func._schema.arguments, args)}
+        by_name.update(kwargs)
+        outputs = ([by_name.get("output")] if name == "c10d::alltoall_base_"
+                   else list(by_name.get("output_tensors") or ()) if name == "c10d::alltoall_" else [])
+        if (not outputs or not bool(by_name.get("async_op", True))
+                or not all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in outputs)):
+            return self._dispatch(func, types, args, kwargs)
+        own = [torch.empty_like(t) for t in outputs]
+        for t in outputs:
+            t.data.fill_(float("nan"))  # the poison: what an all-to-all's output holds until it is completed
+        key = "output" if name == "c10d::alltoall_base_" else "output_tensors"
+        names = [a.name for a in func._schema.arguments]
+        args = list(args)
+        if key in kwargs:
+            kwargs = {**kwargs, key: own[0] if key == "output" else own}
+        else:
+            args[names.index(key)] = own[0] if key == "output" else own
+        n = len(self.records)
+        out = self._dispatch(func, types, tuple(args), kwargs)
+        if len(self.records) > n:
+            record = self.records[-1]
+            work = self._work_of(out)
+            if work is not None:
+                self.held[id(work)] = {"seq": record.seq, "work": work, "outputs": outputs, "own": own,
+                                       "group": record.group_name}
+        if name == "c10d::alltoall_":
+            return (outputs, out[1])  # the caller's tensors, as the op returns them
+        return out
+
+    def _dispatch(self, func, types, args, kwargs):
         n = len(self.records)
         out = super().__torch_dispatch__(func, types, args, kwargs)
         if len(self.records) > n and self.records[-1].op == "all_to_all":
             if func.namespace == "_c10d_functional":
                 self.functional.append(self.records[-1].seq)
-            for item in (out if isinstance(out, (tuple, list)) else (out,)):
-                if type(item).__name__ == "ScriptObject":
-                    try:
-                        work = dist.Work.unbox(item)  # the same Python object the caller receives
-                    except Exception:  # noqa: BLE001 - not a Work
-                        continue
-                    self._works[id(work)] = (self.records[-1].seq, work)
+            work = self._work_of(out)
+            if work is not None:
+                self._works[id(work)] = (self.records[-1].seq, work)
         return out
+
+    @staticmethod
+    def _work_of(out):
+        for item in (out if isinstance(out, (tuple, list)) else (out,)):
+            if type(item).__name__ == "ScriptObject":
+                try:
+                    return dist.Work.unbox(item)  # the same Python object the caller receives
+                except Exception:  # noqa: BLE001 - not a Work
+                    continue
+        return None
 
     def __enter__(self):
         entered = super().__enter__()
         recording = dist.Work.wait  # the CommLedger's wrapper: it appends the wait record
         ledger = self
+        self._saved = {name: getattr(dist.Work, name) for name in _COMPLETING}
 
         def wait(work, *args, **kwargs):
             caller = sys._getframe(1).f_code.co_filename
@@ -106,19 +199,44 @@ class _OverlapLedger(CommLedger):
                 return ledger._orig_wait(work, *args, **kwargs)
             n = len(ledger.records)
             result = recording(work, *args, **kwargs)
+            seq = None
             for r in ledger.records[n:]:
                 if r.op == "wait" and r.seq not in ledger.waited:
                     ledger.waited[r.seq] = ledger._works.get(id(work), (None,))[0]
+                    seq = r.seq
                     break
+            ledger._release(work, "wait()", seq)
             return result
 
+        def completing(name, orig):
+            def method(work, *args, **kwargs):
+                ledger._release(work, f"{name}()")
+                return orig(work, *args, **kwargs)
+            return method
+
         dist.Work.wait = wait
+        for name in _COMPLETING[1:]:
+            setattr(dist.Work, name, completing(name, self._saved[name]))
         return entered
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            for name, orig in self._saved.items():
+                if name != "wait":  # CommLedger restores its own
+                    setattr(dist.Work, name, orig)
+            self._saved = {}
+
+
+def _poisoned(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.is_floating_point() and bool(torch.isnan(t.detach()).any())
 
 
 def _mark_experts(layer, ledger) -> None:
     """Hooks on the layer's local experts: each call's forward start/end, and its backward's start (the
-    gradient of its output arrives) and end (the gradient of its input is computed)."""
+    gradient of its output arrives) and end (the gradient of its input is computed); each start says whether
+    what the expert reads still holds the held transport's poison."""
     calls = []
     for e, expert in enumerate(layer.local_experts):
         def before(module, args, e=e):
@@ -127,14 +245,15 @@ def _mark_experts(layer, ledger) -> None:
             first = x[0].detach().cpu().tolist() if rows else None
             module._overlap_call = len(calls)
             calls.append(e)
-            ledger.mark("forward start", module._overlap_call, e, rows, first)
+            ledger.mark("forward start", module._overlap_call, e, rows, first, poison=_poisoned(x))
 
         def after(module, args, output, e=e):
             call = module._overlap_call
             ledger.mark("forward end", call, e)
             x = args[0] if args else None
             if isinstance(output, torch.Tensor) and output.requires_grad:
-                output.register_hook(lambda grad, call=call, e=e: ledger.mark("backward start", call, e))
+                output.register_hook(lambda grad, call=call, e=e: ledger.mark("backward start", call, e,
+                                                                              poison=_poisoned(grad)))
             if isinstance(x, torch.Tensor) and x.requires_grad:
                 x.register_hook(lambda grad, call=call, e=e: ledger.mark("backward end", call, e))
 
@@ -145,7 +264,8 @@ def _mark_experts(layer, ledger) -> None:
 def _overlap_rank(rank, world_size, cls, case, aux_coeff, backend):
     ledger = _OverlapLedger()
     out = _run_moe_layer(rank, cls, case, aux_coeff, backend, ledger, instrument=_mark_experts)
-    out.update(marks=ledger.marks, waited=ledger.waited, functional=ledger.functional)
+    out.update(marks=ledger.marks, waited=ledger.waited, functional=ledger.functional, released=ledger.released,
+               held=sorted(h["seq"] for h in ledger.held.values()))
     return out
 
 
@@ -291,7 +411,10 @@ def check_overlapped_moe_layer(OverlappedMoELayer, *, world_size: int = 2, ep_si
     integer counts in forward; for each half one dispatch all-to-all of its token
     rows (splits: rows to / from each rank) and one combine (the reverse), in
     any order; in backward each mirrored once with the splits swapped. When
-    they are posted and waited: `check_moe_overlap`.
+    they are posted and waited: `check_moe_overlap`. On the check's held
+    transport (module docstring): rows read before their all-to-all is waited
+    are NaN, so a layer that races its own all-to-alls gets wrong numbers here
+    every time, not only on a busy machine.
     """
     case = _overlap_case(world_size, ep_size, num_experts, k, hidden, ffn, num_tokens, capacity_factor, dtype, seed,
                          pattern, strict=False)
@@ -299,7 +422,16 @@ def check_overlapped_moe_layer(OverlappedMoELayer, *, world_size: int = 2, ep_si
     results = run_distributed(_overlap_rank, world_size, args=(OverlappedMoELayer, case, aux_coeff, backend),
                               timeout=timeout, backend=backend)
     ctx = _ctx("OverlappedMoELayer", case, world_size, num_tokens, pattern)
-    _compare_moe(case, ref, results, ctx, expect_comm=_expect_overlapped_comm)
+    try:
+        _compare_moe(case, ref, results, ctx, expect_comm=_expect_overlapped_comm)
+    except CheckFailure as exc:
+        poisoned = [rank for rank, res in enumerate(results)
+                    if any(_poisoned(res.get(key)) for key in ("out", "x_grad"))]
+        if poisoned:
+            exc.args = (f"{exc.args[0] if exc.args else exc}\nNaN on rank(s) {', '.join(map(str, poisoned))} is "
+                        f"the check's poison: rows of an all-to-all were read before its work was waited. "
+                        f"{_HELD_NOTE} test_moe_overlap says where (print_overlap_timeline shows the order).",)
+        raise
 
 
 # ---------------------------------------------------------------------------
@@ -344,9 +476,22 @@ def _compute_windows(res, case, members, rank, ctx):
     return windows, half_of_call
 
 
+def _completions(res) -> dict[int, tuple[int, str]]:
+    """All-to-all seq -> (seq, how) of the first event that completed it: a held one's release (a wait, another
+    completing method of its work, a barrier), another asynchronous one's first wait."""
+    done = dict(res.get("released", {}))
+    for seq in sorted(res["waited"]):
+        target = res["waited"][seq]
+        if target is not None and target not in done:
+            done[target] = (seq, "wait()")
+    return done
+
+
 def _timeline(res, phase, labels, windows, limit=40) -> str:
-    """The rank's events in `phase`, in order: all-to-alls (named), waits (for which), each half's compute."""
+    """The rank's events in `phase`, in order: all-to-alls (named), waits (for which), other ways an all-to-all
+    was completed, each half's compute."""
     events = []
+    seqs = {r.seq: r for r in res["records"]}
     for r in res["records"]:
         if r.phase != phase:
             continue
@@ -361,6 +506,9 @@ def _timeline(res, phase, labels, windows, limit=40) -> str:
             events.append((r.seq, f"token counts exchanged{' (posted)' if r.async_op else ''}: {r.describe()}"))
         else:
             events.append((r.seq, r.describe()))
+    for target, (seq, how) in res.get("released", {}).items():
+        if how != "wait()" and target in seqs and seqs[target].phase == phase:
+            events.append((seq, f"{labels.get(target, f'the all-to-all #{target}')} completed by {how}"))
     for (p, half), (first, last, calls) in windows.items():
         if p == phase:
             events.append((first, f"half {half}: local experts start ({len(calls)} call(s), until #{last})"))
@@ -386,21 +534,57 @@ def _classify(res, phase, pairs, hidden):
     return found, labels
 
 
+_HELD_NOTE = ("The check's transport holds every asynchronous all-to-all: until its work is waited (or completed "
+              "another way: is_completed(), get_future(), synchronize(), result(), a barrier), its output buffer "
+              "holds NaN, the check's poison, whatever the machine's speed.")
+
+
+def _check_poison(res, *, rank, ctx, labels, done, timelines) -> None:
+    """Rows read before the all-to-all that brings them completed: they hold the poison (see `_HELD_NOTE`)."""
+    for m in res["marks"]:
+        if not m.get("poison") or m["kind"] not in ("forward start", "backward start"):
+            continue
+        phase = m["phase"]
+        waiting = [f"{labels[phase].get(s, f'the all-to-all #{s}')} (posted #{s}"
+                   + (f", completed at #{done[s][0]} by {done[s][1]})" if s in done else ", never completed)")
+                   for s in m["in_flight"]]
+        still = (f" At #{m['seq']} these were still in flight: {'; '.join(waiting)}." if waiting else "")
+        if phase == "forward":
+            raise CheckFailure(
+                f"rank {rank} ({ctx}): forward: local expert {m['expert']} computed (#{m['seq']}) on rows that had "
+                f"not arrived: its input held NaN. {_HELD_NOTE}{still} A half's experts (and anything computed "
+                f"from its received buffer) must run after that half's dispatch all-to-all is waited. "
+                f"{timelines[phase]}")
+        raise CheckFailure(
+            f"rank {rank} ({ctx}): backward: local expert {m['expert']}'s backward ran (#{m['seq']}) on an output "
+            f"gradient that had not arrived: it held NaN. {_HELD_NOTE}{still} A half's experts' backward must run "
+            f"after that half's combine-backward all-to-all (its output gradient, travelling to the experts) is "
+            f"waited. {timelines[phase]}")
+    for key, phase, what in (("out", "forward", "the layer's output (what combine brought home)"),
+                             ("x_grad", "backward", "the input gradient (what dispatch's backward brought home)")):
+        if _poisoned(res.get(key)):
+            raise CheckFailure(
+                f"rank {rank} ({ctx}): {phase}: {what} held NaN: rows of an all-to-all were read before its work "
+                f"was waited. {_HELD_NOTE} Wait for each half's {_NAMES[phase][1]} all-to-all before using what it "
+                f"received. {timelines[phase]}")
+
+
 def _judge(res, *, rank, ctx, case, members, group_rank, kept) -> None:
     if len(members) == 1:
         expect_no_comm(res["records"], rank=rank, context=f"{ctx}; a group of size 1 communicates nothing")
         return
     hidden = case["hidden"]
     pairs = _half_splits(case, kept, members, group_rank, rank)
+    done = _completions(res)
+    classified = {phase: _classify(res, phase, pairs, hidden) for phase in ("forward", "backward")}
+    labels = {phase: classified[phase][1] for phase in classified}
+    bare = {phase: f"The {phase} of rank {rank}, in order:\n{_timeline(res, phase, labels[phase], {})}"
+            for phase in classified}
+    _check_poison(res, rank=rank, ctx=ctx, labels=labels, done=done, timelines=bare)
     windows, _ = _compute_windows(res, case, members, rank, ctx)
-    first_wait = {}
-    for seq in sorted(res["waited"]):
-        target = res["waited"][seq]
-        if target is not None and target not in first_wait:
-            first_wait[target] = seq
     for phase in ("forward", "backward"):
         to_experts, home = _NAMES[phase]
-        found, labels = _classify(res, phase, pairs, hidden)
+        found, labels = classified[phase]
         trace = f"The {phase} of rank {rank}, in order:\n{_timeline(res, phase, labels, windows)}"
         missing = [f"half {h}'s {_NAMES[phase][kd]}" for h in (0, 1) for kd in (0, 1) if (h, kd) not in found]
         if missing:
@@ -419,9 +603,18 @@ def _judge(res, *, rank, ctx, case, members, group_rank, kept) -> None:
                                    f"(torch.distributed._functional_collectives): the ledger cannot see when its "
                                    f"AsyncCollectiveTensor is waited. Post it with dist.all_to_all_single(..., "
                                    f"async_op=True) and call .wait() on the work it returns. {trace}")
-            if r.async_op and r.seq not in first_wait:
+            if r.async_op and r.seq not in done:
                 raise CheckFailure(f"rank {rank} ({ctx}): {phase}: {name} was never waited for: call .wait() on "
                                    f"its work before using what it received. {trace}")
+        # each half's rows reach its experts only once waited (the poison above shows a read; this, the order)
+        for half in (0, 1):
+            r, start = found[(half, 0)], windows[(phase, half)][0]
+            if r.async_op and done[r.seq][0] > start:
+                what = "compute" if phase == "forward" else "run their backward"
+                raise CheckFailure(
+                    f"rank {rank} ({ctx}): {phase}: half {half}'s {to_experts} all-to-all (#{r.seq}) must be waited "
+                    f"before half {half}'s experts {what} on what it brings (from #{start}); it was completed at "
+                    f"#{done[r.seq][0]} by {done[r.seq][1]}. {trace}")
         order = sorted((0, 1), key=lambda h: windows[(phase, h)][0])
         first_half, second_half = order
         rules = [(found[(second_half, 0)], first_half, f"half {second_half}'s {to_experts}"),
@@ -433,14 +626,15 @@ def _judge(res, *, rank, ctx, case, members, group_rank, kept) -> None:
                                    f"it returned only once the rows had arrived, so half {other}'s experts could "
                                    f"not run meanwhile. Post it with dist.all_to_all_single(..., async_op=True) and "
                                    f"wait on its work after half {other}'s experts. {trace}")
-            posted, waited = r.seq, first_wait[r.seq]
+            posted, (waited, how) = r.seq, done[r.seq]
             if not (posted < start and waited > end):
-                late = "posted after they started" if posted > start else "waited before they ended"
+                late = "posted after they started" if posted > start else f"by {how}, before they ended"
                 work = "compute" if phase == "forward" else "run their backward"
+                note = "" if how == "wait()" else f" {_HELD_NOTE}"
                 raise CheckFailure(
                     f"rank {rank} ({ctx}): {phase}: {name} all-to-all must be in flight while half {other}'s "
                     f"experts {work} (#{start} to #{end}): posted before #{start} and waited after #{end}; it was "
-                    f"posted at #{posted} and waited at #{waited} ({late}). "
+                    f"posted at #{posted} and completed at #{waited} ({late}).{note} "
                     + (f"Post both halves' {to_experts} all-to-alls first, then wait for half {first_half}'s only; "
                        f"post half {first_half}'s {home} as soon as its experts are done, and wait for it after "
                        f"half {second_half}'s experts." if phase == "forward" else
@@ -456,13 +650,17 @@ def check_moe_overlap(OverlappedMoELayer, *, world_size: int = 2, ep_size: int |
     """Each all-to-all of one half is in flight while the other half's experts compute, in forward and backward.
 
     From each rank's ledger (all-to-alls, the waits on their works, the
-    experts' compute marked by hooks; see the module docstring). Per phase,
-    with F the half whose experts compute first and S the other: S's all-to-all
-    towards the experts (forward: dispatch; backward: combine's backward) is
-    posted (async_op=True) before F's experts start and waited after they end,
-    and F's all-to-all home (forward: combine; backward: dispatch's backward)
-    is posted before S's experts start and waited after they end. Every
-    asynchronous all-to-all is waited. Numbers are not graded here
+    experts' compute marked by hooks), on the check's held transport: an
+    asynchronous all-to-all completes, and its output stops holding NaN, only
+    when the layer completes its work (see the module docstring). Per phase:
+    no expert computes on rows (or an output gradient) that had not arrived;
+    each half's all-to-all towards the experts is completed before that half's
+    experts start; with F the half whose experts compute first and S the
+    other, S's all-to-all towards the experts (forward: dispatch; backward:
+    combine's backward) is posted (async_op=True) before F's experts start and
+    completed after they end, and F's all-to-all home (forward: combine;
+    backward: dispatch's backward) is posted before S's experts start and
+    completed after they end. Every asynchronous all-to-all is waited. Numbers are not graded here
     (check_overlapped_moe_layer): a layer that computes right but waits at once
     fails only this check. Cases are drawn so that the two halves' all-to-alls
     have different splits on every rank (the ledger tells them apart by the

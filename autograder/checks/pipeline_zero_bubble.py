@@ -552,12 +552,16 @@ class _ZBLog:
         self.measure_memory = measure_memory
         self.events: list[list] = []  # [kind, mb, chunk, start, end]
         self.out_refs: list = []  # weak references to every stage output
-        self.w_refs: list = []  # ... and to every copy of the stage input a weight gradient needs
-        self.held: list[tuple] = []  # (mb, chunk, outputs alive, W inputs alive) right after each forward
+        self.w_refs: list = []  # ... to every copy of the stage input a weight gradient needs (the graph's)
+        self.in_refs: list = []  # ... to every stage input the executor gave the stage (not the data)
+        self.dz_refs: list = []  # ... to every output gradient of the weighted layer (what a W state holds)
+        # (mb, chunk, outputs, W inputs, stage inputs, W-state gradients alive) right after each forward
+        self.held: list[tuple] = []
 
     def alive(self):
         gc.collect()
-        return (sum(r() is not None for r in self.out_refs), sum(r() is not None for r in self.w_refs))
+        return tuple(sum(r() is not None for r in refs)
+                     for refs in (self.out_refs, self.w_refs, self.in_refs, self.dz_refs))
 
 
 class _Mark(torch.autograd.Function):
@@ -579,7 +583,8 @@ class _Mark(torch.autograd.Function):
 
 
 class _BEnd(torch.autograd.Function):
-    """Identity on the pre-activation; its backward (the input-gradient work, slept) ends the recorded B."""
+    """Identity on the pre-activation; its backward (the input-gradient work, slept) ends the recorded B. The
+    gradient it returns is the weighted layer's output gradient, what a W state keeps for its W (watched)."""
 
     @staticmethod
     def forward(ctx, z, log, seconds):
@@ -595,6 +600,8 @@ class _BEnd(torch.autograd.Function):
             if e[0] == "B" and e[4] is None:
                 e[4] = time.perf_counter()
                 break
+        if log.measure_memory:
+            log.dz_refs.append(weakref.ref(grad))
         return grad, None, None
 
 
@@ -630,6 +637,8 @@ class _ZBStage(nn.Module):
         if self.log.measure_memory:
             self.log.out_refs.append(weakref.ref(y))
             self.log.w_refs.append(weakref.ref(kept))
+            if x.requires_grad:  # a received activation (or a hand-over): the executor's to drop
+                self.log.in_refs.append(weakref.ref(x))
             self.log.held.append((mb, self.chunk, *self.log.alive()))
         return y
 
@@ -907,13 +916,22 @@ def check_pipeline_zb_memory(run_pipeline_zb, schedule_fn, *, num_stages: int = 
                              pp_ranks=None, seed: int = 0, timeout: float = _TIMEOUT) -> None:
     """What run_pipeline_zb keeps alive: exactly what its schedule needs after every forward, and nothing after.
 
-    Two counts per rank, each time a stage makes an output (weak references,
+    Four counts per rank, each time a stage makes an output (weak references,
     after gc.collect(); the objects that existed before the step are frozen
-    out of the collector): stage outputs alive must equal the forwards minus
-    the Bs so far (B needs the output; nothing else does), and stage inputs
-    kept for a weight gradient must equal the forwards minus the Ws so far (a
-    B without a W counts as both): a W's state is dropped when the W has run,
-    an output when its B has. Both are 0 once run_pipeline_zb returns.
+    out of the collector):
+
+    - stage outputs alive must equal the forwards minus the Bs so far (B needs
+      the output; nothing else does);
+    - stage inputs kept for a weight gradient (the copy the stage's layer saves)
+      must equal the forwards minus the Ws so far (a B without a W counts as
+      both): a W's state is dropped when the W has run;
+    - the stage inputs the executor handed to the stage (received activations,
+      not the data) at most as many: a weight gradient reads its layer's input,
+      so the stage's graph keeps it until that W, and nothing may keep it after;
+    - the output gradients of the weighted layers (what `backward_input` leaves
+      for W: the W state) at most the Bs whose W has not run yet: W uses them up.
+
+    All four are 0 once run_pipeline_zb returns.
     """
     p, m = num_stages, num_microbatches
     world = world_size or p
@@ -927,22 +945,29 @@ def check_pipeline_zb_memory(run_pipeline_zb, schedule_fn, *, num_stages: int = 
         r = res["group_rank"]
         flat = _plain(schedules[r])
         deferred = {(mb, c) for kind, mb, c in flat if kind == "W"}
-        outs = ins = 0
+        receives = {c for c in range(v) if stage_of(style, p, r, c) != 0}  # chunks whose input is not the data
+        outs = ins = given = pending = 0
         need = []
         for kind, mb, c in flat:
             if kind == "F":
-                outs, ins = outs + 1, ins + 1
-                need.append((outs, ins))
+                outs, ins, given = outs + 1, ins + 1, given + (c in receives)
+                need.append((outs, ins, given, pending))
             elif kind == "B":
                 outs -= 1
-                ins -= 0 if (mb, c) in deferred else 1
+                if (mb, c) in deferred:
+                    pending += 1
+                else:
+                    ins, given = ins - 1, given - (c in receives)
             else:
-                ins -= 1
-        got = [(h[2], h[3]) for h in res["held"]]
+                ins, given, pending = ins - 1, given - (c in receives), pending - 1
+        got = [tuple(h[2:6]) for h in res["held"]]
         if len(got) != len(need):
             raise CheckFailure(f"rank {g} ({ctx}): the stage ran {len(got)} forwards; its schedule has {len(need)}")
-        for i, ((want_o, want_i), (have_o, have_i)) in enumerate(zip(need, got)):
-            if (have_o, have_i) == (want_o, want_i):
+        shown = (f"Alive after each forward (outputs, W inputs, stage inputs, W-state gradients): {got}; needed "
+                 f"(the last two at most): {need}.\n  schedule: {format_actions(schedules[r])}")
+        for i, (want, have) in enumerate(zip(need, got)):
+            (want_o, want_i, want_x, want_dz), (have_o, have_i, have_x, have_dz) = want, have
+            if have_o == want_o and have_i == want_i and have_x <= want_x and have_dz <= want_dz:
                 continue
             mb, c = res["held"][i][0], res["held"][i][1]
             label = f"F{mb}" + (f"c{c}" if v > 1 else "")
@@ -953,20 +978,32 @@ def check_pipeline_zb_memory(run_pipeline_zb, schedule_fn, *, num_stages: int = 
                        "kept, a local still naming an output, or a W state that holds the output (B's state needs "
                        "only what the weight gradient needs). " if have_o > want_o else
                        "An output its B still needs was dropped. ")
-            else:
+            elif have_i != want_i:
                 what = (f"{have_i} stage inputs kept for a weight gradient were alive, but its schedule needs "
                         f"{want_i} (forwarded, W not yet run)")
                 why = ("Something keeps a micro-batch's saved tensors after its W (or its whole B): the W state "
                        "not dropped, a reference kept elsewhere. " if have_i > want_i else
                        "What a later W needs was dropped or never kept. ")
+            elif have_x > want_x:
+                what = (f"{have_x} stage input(s) it received (activations from the previous stage) were "
+                        f"alive, but its schedule needs at most {want_x} (forwarded, W not yet run: the stage's "
+                        f"graph keeps an input until the W that reads it, and nothing needs it after)")
+                why = ("Something keeps a micro-batch's input after its W (or its whole B): a dict entry read "
+                       "instead of removed, a list of inputs, a local still naming one. ")
+            else:
+                what = (f"{have_dz} output gradient(s) of the stage's weighted layers (what backward_input leaves "
+                        f"for W: the W state) were alive, but its schedule needs at most {want_dz} (Bs whose W "
+                        f"has not run yet)")
+                why = ("Something keeps a W state after its W: the state left in its dict (W run on a copy, or "
+                       "read instead of removed), a list of states, a reference kept elsewhere. ")
             raise CheckFailure(f"rank {g} (group rank {r} of {p}; {ctx}): right after its forward #{i} ({label}) "
-                               f"{what}. {why}Alive after each forward (outputs, W inputs): {got}; needed: {need}.\n"
-                               f"  schedule: {format_actions(schedules[r])}")
+                               f"{what}. {why}{shown}")
         if any(res["held_after"]):
-            outs_after, ins_after = res["held_after"]
+            outs_after, ins_after, x_after, dz_after = res["held_after"]
             raise CheckFailure(f"rank {g} (group rank {r}; {ctx}): after run_pipeline_zb returned, {outs_after} "
-                               f"stage output(s) and {ins_after} input(s) kept for a weight gradient are still "
-                               f"alive: drop every output, W state and send handle before the step ends")
+                               f"stage output(s), {ins_after} input(s) kept for a weight gradient, {x_after} "
+                               f"received stage input(s) and {dz_after} W-state gradient(s) are still alive: drop "
+                               f"every output, input, W state and send handle before the step ends")
 
 
 # ---------------------------------------------------------------------------

@@ -170,6 +170,12 @@ MUTANTS = [
             "layout no longer fits",
     ),
     mutant(
+        "memory_in_flight_ignores_microbatches", "planner_memory",
+        [("in_flight = min(layout.pp - s, m)", "in_flight = layout.pp - s")],
+        must_fail={"test_memory_per_gpu"},
+        why="1F1B's pp - stage micro-batches in flight even when a step has fewer micro-batches than stages",
+    ),
+    mutant(
         "time_bubble_over_pp", "planner_time",
         [("bubble = compute * (layout.pp - 1) / m", "bubble = compute * (layout.pp - 1) / layout.pp")],
         must_fail={"test_step_time", "test_best_layouts"},
@@ -246,6 +252,28 @@ MUTANTS = [
           'mfu = model_flops / (time["compute"] * cluster.num_gpus * cluster.node.peak_flops)')],
         must_fail={"test_plan_published"},
         why="MFU over the compute time alone: the bubble and exposed communication left out",
+    ),
+    mutant(
+        "plan_batch_ignores_micro_batch", "planner_search",
+        [("if layout.microbatches(training) < 1 or training.global_batch % (layout.dp * layout.micro_batch):",
+          "if training.global_batch % layout.dp:")],
+        must_fail={"test_plan_published", "test_best_layouts"},
+        why="the batch rule divides the global batch by DP only: micro-batches that do not fit a DP rank's share "
+            "are not rejected",
+    ),
+    mutant(
+        "best_layouts_micro_batch_ignored", "planner_search",
+        [("layout = Layout(tp=tp, cp=cp, pp=pp, dp=rest // pp, zero=zero, recompute=rc,\n"
+          "                                        micro_batch=micro_batch)",
+          "layout = Layout(tp=tp, cp=cp, pp=pp, dp=rest // pp, zero=zero, recompute=rc)")],
+        must_fail={"test_best_layouts"},
+        why="the candidates are built with the default micro-batch of one sequence, whatever micro_batch says",
+    ),
+    mutant(
+        "best_layouts_cp_below_32", "planner_search",
+        [("for cp in (x for x in powers if x <= 32):", "for cp in (x for x in powers if x < 32):")],
+        must_fail={"test_best_layouts"},
+        why="CP searched up to 16 only (\"up to 32\" read as exclusive): long-context runs lose their best layout",
     ),
     mutant(
         "best_layouts_cp_within_a_node", "planner_search",

@@ -196,6 +196,56 @@ MUTANTS = [
         why="in backward both combine-backward all-to-alls waited before any expert's backward: forward only overlaps",
     ),
     mutant(
+        "overlap_completed_before_experts", "moe_overlap",
+        [("input_split_sizes=list(input_split_sizes), group=group, async_op=True)\n    return output, work",
+          "input_split_sizes=list(input_split_sizes), group=group, async_op=True)\n"
+          "    work.get_future().wait()  # the rows are there before anything reads them\n"
+          "    return output, work")],
+        must_fail={"test_moe_overlap"},
+        why="every all-to-all completed through its future as soon as it is posted, then .wait() called where the "
+            "reference calls it: the ledger's waits are in place, nothing overlaps",
+    ),
+    mutant(
+        "overlap_barrier_after_dispatch", "moe_overlap",
+        [("                      for x, p in zip(rows, plans)]  # [N_send_j, h] -> [N_recv_j, h]\n",
+          "                      for x, p in zip(rows, plans)]  # [N_send_j, h] -> [N_recv_j, h]\n"
+          "        dist.barrier(group=group)  # every rank's rows have arrived\n")],
+        must_fail={"test_overlapped_moe_layer", "test_moe_overlap"},
+        why="a barrier after posting both dispatches: it waits for them (gloo's barrier waits for every collective "
+            "in flight), so half 1's dispatch is over before half 0's experts start",
+    ),
+    mutant(
+        "overlap_experts_before_wait", "moe_overlap",
+        [("            if work is not None:\n"
+          "                work.wait()\n"
+          "            # The boundary (Megatron's ScheduleNode): autograd stops here, backward() picks up from here.\n"
+          "            received = received.detach().requires_grad_()\n"
+          "            with torch.enable_grad():\n"
+          "                out = experts_on_received(local_experts, received, plan)\n",
+          "            # The boundary (Megatron's ScheduleNode): autograd stops here, backward() picks up from here.\n"
+          "            received = received.detach().requires_grad_()\n"
+          "            with torch.enable_grad():\n"
+          "                out = experts_on_received(local_experts, received, plan)\n"
+          "            if work is not None:\n"
+          "                work.wait()\n")],
+        must_fail={"test_overlapped_moe_layer", "test_moe_overlap"},
+        why="each half's experts run on its receive buffer before its dispatch is waited: a race that a fast "
+            "machine usually wins",
+    ),
+    mutant(
+        "overlap_backward_experts_before_wait", "moe_overlap",
+        [("            if work is not None:\n"
+          "                work.wait()\n"
+          "            # The experts' backward: the input gradient, and the weight gradients into .grad.\n"
+          "            torch.autograd.backward(ctx.outputs[j], grad_out)\n",
+          "            # The experts' backward: the input gradient, and the weight gradients into .grad.\n"
+          "            torch.autograd.backward(ctx.outputs[j], grad_out)\n"
+          "            if work is not None:\n"
+          "                work.wait()\n")],
+        must_fail={"test_overlapped_moe_layer", "test_moe_overlap"},
+        why="in backward each half's experts' backward runs on the output gradient before its all-to-all is waited",
+    ),
+    mutant(
         "overlap_halves_recombined_swapped", "moe_overlap",
         [("return torch.cat(outs).to(hidden_states.dtype), aux_loss",
           "return torch.cat(outs[::-1]).to(hidden_states.dtype), aux_loss")],

@@ -302,4 +302,19 @@ MUTANTS = [
         must_fail={"test_pipeline_zb_memory"},
         why="B never drops the stage output: every output stays alive until the step ends",
     ),
+    mutant(
+        "zb_keeps_inputs", "run_pipeline_zb",
+        [('    x = state["inputs"].pop((mb, chunk))\n', '    x = state["inputs"][(mb, chunk)]\n')],
+        must_fail={"test_pipeline_zb_memory"},
+        why="B never drops the stage input: every micro-batch's input (what a weight gradient reads) stays alive "
+            "until the step ends, long after its W",
+    ),
+    mutant(
+        "zb_keeps_w_state", "run_pipeline_zb",
+        [('    backward_weight(state["weights"].pop((mb, chunk)))',
+          '    backward_weight(list(state["weights"][(mb, chunk)]))  # a copy: the state stays until the end')],
+        must_fail={"test_pipeline_zb_memory"},
+        why="W runs on a copy of its state and keeps the state: every micro-batch's weight-gradient inputs (the "
+            "output gradient of each weighted layer) stay alive until the step ends",
+    ),
 ]
