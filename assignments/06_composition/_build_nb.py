@@ -694,8 +694,8 @@ def build() -> NotebookBuilder:
                          expected={"stage": 0}, total_between=(22e9, 28e9))
     # 512 sequences: m = 4 micro-batches for 16 stages, with full recomputation: stage 0 keeps 4 micro-batches' layer
     # inputs (8192 tokens x 16384 / 8 x 2 B per layer, 8 layers) and one layer's full activations (8192 x 65,024 B)
-    check_memory_per_gpu(memory_per_gpu, LLAMA3_405B, Layout(tp=8, pp=16, dp=128, zero=1, recompute="full"),
-                         Training(seq_len=8192, global_batch=512),
+    few = Training(seq_len=8192, global_batch=512)
+    check_memory_per_gpu(memory_per_gpu, LLAMA3_405B, Layout(tp=8, pp=16, dp=128, zero=1, recompute="full"), few,
                          expected={"activations": 4 * 8 * 8192 * 2048 * 2 + 8192 * 65_024, "stage": 0})
     """)
     nb.exercise(11, "`step_time`", """
