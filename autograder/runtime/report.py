@@ -34,6 +34,8 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
+from autograder.runtime.messages import localize, set_language
+
 __all__ = ["checking", "show_internals", "note_run", "student_frames", "is_student_file", "describe_location",
            "student_sources", "install_sources", "course_notebook", "exercise_of", "render_outside_check"]
 
@@ -183,14 +185,17 @@ def _stub_name(exc: BaseException) -> str | None:
 _EXERCISE_OF: dict[str, str] = {}
 
 
-def course_notebook(exercises: dict) -> None:
+def course_notebook(exercises: dict, language: str = "en") -> None:
     """A notebook's set-up (its builder writes the call): `exercises` names the functions each exercise's answer
     cells define, `{"Exercise 3": ["ring_attention_forward", ...], ...}`, so that a test (or a picture) that uses
     a function still a stub names the exercise that owns it, not its own. In a Jupyter kernel it also makes
     every cell, scratch and picture cells included, show the course's errors as the test cells do: the verdict
     and the student's own lines, never the course's frames (`show_internals` shows everything); a course
     function's ValueError (an argument it refuses) is one line, led by the function the cell called.
+    `language`: the notebook's ("en", or "zh" in a Chinese notebook): the language of the verdicts, pass lines
+    and hints it shows (autograder.runtime.messages).
     """
+    set_language(language)
     _EXERCISE_OF.clear()
     for label, names in exercises.items():
         for name in names:
@@ -279,13 +284,13 @@ def render_outside_check(exc: BaseException) -> list[str] | None:
         return None
     stub = _stub_name(exc)
     if stub is not None:
-        return [f"NotImplementedError: {_stub_text(stub, None)}"]
+        return [f"NotImplementedError: {localize(_stub_text(stub, None))}"]
     from autograder.runtime.compare import CheckFailure
 
     if isinstance(exc, CheckFailure) or _is_distributed_error(exc):
-        return _render(exc, str(exc))
+        return _render(exc, localize(str(exc)))
     if isinstance(exc, ValueError) and _raised_by_course(exc.__traceback__):
-        return _render(exc, _argument_text(exc))
+        return _render(exc, localize(_argument_text(exc)))
     return None
 
 
@@ -381,7 +386,7 @@ def _render(exc: BaseException, text: str) -> list[str]:
     frames = student_frames(exc.__traceback__)[1:]
     if frames:
         lines.append("")
-        lines.append("In your code (innermost last):")
+        lines.append(localize("In your code (innermost last):"))
         for fs in frames:
             lines.append(f"  {describe_location(fs.filename, fs.lineno, fs.name)}")
             if fs.line:
@@ -425,23 +430,23 @@ def checking(label: str, what: str):
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
         if _is_inconclusive(exc):  # the machine's fault, not a verdict: said so, first
-            text = f"{label} \u00b7 {what}: NOT DECIDED (not a verdict on your code)\n{exc}"
+            text = localize(f"{label} \u00b7 {what}: NOT DECIDED (not a verdict on your code)\n{exc}")
             exc.args = (text,)
             _attach_rendering(exc, text)
             raise
         stub = _stub_name(exc)
         if stub is not None:
-            text = _stub_text(stub, label)
+            text = localize(_stub_text(stub, label))
             new = NotImplementedError(text)
             _attach_rendering(new, text)
             raise new from None
-        text = f"{label} · {what}: FAILED\n{exc}{_undefined_hint(exc)}"
+        text = localize(f"{label} · {what}: FAILED\n{exc}{_undefined_hint(exc)}")
         try:
             exc.args = (text,)
         except (AttributeError, TypeError):
             pass
         if str(exc) != text:  # an exception type whose str() ignores args: say it in a note
-            text = f"{label} · {what}: FAILED\n{exc}"
+            text = localize(f"{label} · {what}: FAILED\n{exc}")
         _attach_rendering(exc, text)
         raise
     finally:
@@ -449,5 +454,5 @@ def checking(label: str, what: str):
     seconds = time.perf_counter() - t0
     ran = _ran_on(report.runs)
     detail = f"{ran}, {seconds:.1f} s{_starting(report.runs)}" if ran else f"{seconds:.1f} s"
-    print(f"\u2713 {label} \u00b7 {what} \u2014 passed ({detail})")
+    print(localize(f"\u2713 {label} \u00b7 {what} \u2014 passed ({detail})"))
     sys.stdout.flush()
