@@ -32,7 +32,7 @@ import contextlib
 import re
 import string
 
-__all__ = ["LANGUAGES", "set_language", "language", "pinned", "localize", "translate", "phrase_pattern"]
+__all__ = ["LANGUAGES", "set_language", "language", "pinned", "localize", "translate", "phrase_pattern", "catalogue"]
 
 LANGUAGES = ("en", "zh")
 
@@ -86,66 +86,111 @@ def _pieces(template: str) -> list[str | None]:
     return out
 
 
-def phrase_pattern(template: str) -> tuple[re.Pattern, int, bool, bool]:
-    """(the regex of a key's phrase, its number of inner fields, whether it starts with a field, whether it ends
-    with one). The fields at either end are not part of the phrase: the text around it stays in place."""
-    pieces = _pieces(template)
-    lead = bool(pieces) and pieces[0] is None
-    trail = len(pieces) > 1 and pieces[-1] is None
-    core = pieces[lead:len(pieces) - trail] if trail else pieces[lead:]
-    regex, fields = "", 0
-    for piece in core:
-        if piece is None:
-            regex += _FIELD
-            fields += 1
-        else:
-            regex += re.escape(piece)
-    return re.compile(regex), fields, lead, trail
+# a field at the very start or end of a key that its translation moves: one word, number or [shape]
+_TOKEN = r"(\[[^\]\n]*\]|[^\s,;:()\[\]\uff08\uff09\uff0c\uff1b\uff1a]+)"
 
 
-def _value_pieces(value: str, lead: bool, trail: bool) -> list[str | int]:
-    """A translation's literal texts and, for each inner field it places, its index (`{}` in the English order,
-    or `{0}`, `{1}`: the inner fields, counted from 0). The fields at the ends of a key that has them (the text
-    around the phrase) are not replaced: the translation starts, or ends, with `{}` there, and it is dropped."""
-    items: list[str | int | None] = []  # literal texts, and None for each field, explicit numbers kept
+def _value_items(value: str) -> list:
+    """A translation's literal texts and fields (None for `{}`, the number for `{1}`), in order."""
+    items: list = []
     for literal, field, _spec, _conv in string.Formatter().parse(value):
         if literal:
             items.append(literal)
         if field is not None:
             items.append(None if field == "" else int(field))
-    if lead:
-        if not items or isinstance(items[0], str):
-            raise ValueError(f"the translation {value!r} must start with the field its English key starts with")
-        items = items[1:]
-    if trail:
-        if not items or isinstance(items[-1], str):
-            raise ValueError(f"the translation {value!r} must end with the field its English key ends with")
-        items = items[:-1]
-    out: list[str | int] = []
+    return items
+
+
+def phrase_pattern(key: str, value: str) -> tuple[re.Pattern, list]:
+    """(the regex that finds a key's phrase in a message, the pieces its translation is made of: literal texts,
+    and the index of each field of the match it places).
+
+    A field at the very start or end of a key is the text around the phrase when the translation starts, or
+    ends, with a field there too: it is not part of the match and stays where it is. Otherwise the translation
+    moves it, and it is matched as one word, number or `[shape]`. The translation's `{}` are the fields of the
+    match in the English order; `{0}`, `{1}` name them."""
+    pieces = _pieces(key)
+    items = _value_items(value)
+    lead = bool(pieces) and pieces[0] is None
+    trail = len(pieces) > 1 and pieces[-1] is None
+    lead_kept = lead and bool(items) and not isinstance(items[0], str)
+    trail_kept = trail and len(items) > 1 and not isinstance(items[-1], str)
+    if lead_kept:
+        pieces, items = pieces[1:], items[1:]
+    if trail_kept:
+        pieces, items = pieces[:-1], items[:-1]
+    if not any(isinstance(p, str) and p.strip() for p in pieces):
+        raise ValueError(f"the key {key!r} has no text of its own")
+    regex, fields = "", 0
+    opening = pieces[0] if isinstance(pieces[0], str) else (pieces[1] if len(pieces) > 1 else None)
+    for i, piece in enumerate(pieces):
+        if piece is None:
+            if (i == 0 and lead and not lead_kept) or (i == len(pieces) - 1 and trail and not trail_kept) \
+                    or (i + 1 < len(pieces) and pieces[i + 1] is None):
+                regex += _TOKEN  # moved by the translation, or the first of two fields side by side (`{rank}{ctx}`)
+            elif i == len(pieces) - 1:
+                regex += "([^\n]*)"  # a field that ends the phrase (before the text after it): the rest of the line
+            else:
+                # never across the text just before it, nor the phrase's first text: `{}: {} of {}` finds
+                # `rank 1: out: 3 of 12` at its last `: `, not at the first with `out: 3` as the field
+                stops = {p for p in (pieces[i - 1] if i > 0 else None, opening) if p is not None and p.strip()}
+                if stops:
+                    regex += f"((?:(?!{'|'.join(re.escape(p) for p in sorted(stops))})[^\n])*?)"
+                else:
+                    regex += _FIELD
+            fields += 1
+        else:
+            regex += re.escape(piece)
+    parts: list[str | int] = []
     auto = 0
     for item in items:
         if item is None:
-            out.append(auto)
+            parts.append(auto)
             auto += 1
+        elif isinstance(item, int):
+            parts.append(item)
         else:
-            out.append(item)
-    return out
+            parts.append(item)
+    used = [p for p in parts if isinstance(p, int)]
+    if sorted(set(used)) != list(range(fields)) or len(used) != fields:
+        raise ValueError(f"the translation {value!r} places fields {used}; its key {key!r} has {fields} to place, "
+                         f"each once")
+    return re.compile(regex), parts
 
 
 class _Phrase:
-    __slots__ = ("key", "value", "regex", "fields", "lead", "trail", "parts", "weight")
+    __slots__ = ("key", "value", "regex", "parts", "weight", "opening")
 
     def __init__(self, key: str, value: str):
         self.key, self.value = key, value
-        self.regex, self.fields, self.lead, self.trail = phrase_pattern(key)
-        self.parts = _value_pieces(value, self.lead, self.trail)
-        self.weight = sum(len(p) for p in _pieces(key) if p)
+        self.regex, self.parts = phrase_pattern(key, value)
+        pieces = _pieces(key)
+        self.weight = sum(len(p) for p in pieces if p)
+        self.opening = pieces[0] if isinstance(pieces[0], str) else None
 
     def sub(self, text: str) -> str:
-        def one(m: re.Match) -> str:
+        """Each occurrence replaced; of the matches that overlap, the one that starts last (the innermost: the
+        phrase ` ({} {} in {} with ...)` in `rank 0 (ctx): ... saw 0 (2 all_reduce in ...)` starts at `(2`)."""
+        out, pos = [], 0
+        while True:
+            m = self.regex.search(text, pos)
+            if m is None:
+                break
+            if self.opening:
+                i = text.find(self.opening, m.start() + 1)
+                while i != -1 and i < m.end():
+                    later = self.regex.match(text, i)
+                    if later is not None and later.end() <= m.end():
+                        m = later
+                    i = text.find(self.opening, i + 1)
+            out.append(text[pos:m.start()])
             groups = m.groups()
-            return "".join(groups[p] if isinstance(p, int) else p for p in self.parts)
-        return self.regex.sub(one, text)
+            out.append("".join(groups[p] if isinstance(p, int) else p for p in self.parts))
+            pos = m.end() if m.end() > m.start() else m.end() + 1
+            if m.end() == m.start():
+                out.append(text[m.start():pos])
+        out.append(text[pos:])
+        return "".join(out)
 
 
 _COMPILED: dict[str, list[_Phrase]] = {}

@@ -214,9 +214,11 @@ def exercise_of(stub: str) -> str | None:
 def _stub_text(stub: str, label: str | None) -> str:
     """The one-line verdict for a stub: its own exercise named, and where to go."""
     owner = exercise_of(stub)
+    if owner and owner != label and label:
+        return (f"{owner} is not done yet: {stub} is still the stub (it raises NotImplementedError). This test uses "
+                f"it: implement {owner} first, run its answer cell, then run this one again.")
     if owner and owner != label:
-        where = "This test" if label else "This cell"
-        return (f"{owner} is not done yet: {stub} is still the stub (it raises NotImplementedError). {where} uses "
+        return (f"{owner} is not done yet: {stub} is still the stub (it raises NotImplementedError). This cell uses "
                 f"it: implement {owner} first, run its answer cell, then run this one again.")
     if label:
         return (f"{label} is not done yet: {stub} is still the stub (it raises NotImplementedError). "
@@ -420,7 +422,7 @@ def _starting(runs) -> str:
 @contextlib.contextmanager
 def checking(label: str, what: str):
     """A graded cell: print one line on success; on failure re-raise with the exercise and the verdict first."""
-    what = what.strip().rstrip(".")
+    what = what.strip().rstrip(".\u3002")  # a caption's full stop, English or Chinese
     report = _Report(label, what)
     token = _current.set(report)
     t0 = time.perf_counter()
