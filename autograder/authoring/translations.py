@@ -177,6 +177,22 @@ def _text(cell) -> str:
     return "".join(src) if isinstance(src, list) else src
 
 
+def _checksum(cell) -> str:
+    """nbgrader's checksum of a cell (`nbgrader.utils.compute_checksum`): a release's graded and locked cells carry
+    it, so a cell whose prose was translated gets the one `nbgrader generate_assignment` writes for it."""
+    import hashlib
+
+    meta = cell["metadata"].get("nbgrader", {})
+    grade, solution = bool(meta.get("grade", False)), bool(meta.get("solution", False))
+    locked = False if solution else (True if grade else bool(meta.get("locked", False)))
+    m = hashlib.md5()
+    for part in (_text(cell), cell["cell_type"], str(grade), str(solution), str(locked), meta["grade_id"]):
+        m.update(part.encode("utf-8"))
+    if grade:
+        m.update(str(float(meta["points"])).encode("utf-8"))
+    return m.hexdigest()
+
+
 def _table(path: str) -> dict[str, str]:
     return {e.english: e.text for e in load_catalog(path) if not e.todo}
 
@@ -200,10 +216,14 @@ def translate_notebook(nb, root: str, assignment: str, lang: str, code_missing: 
     for cell in nb["cells"]:
         if cell["cell_type"] == "code":
             try:
-                cell["source"], left = translate_code(_text(cell), code_table, lang)
+                new, left = translate_code(_text(cell), code_table, lang)
             except ValueError as exc:
                 gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") or cell.get("id")
                 raise ValueError(f"{code_catalog_path(root, lang, assignment)}: code cell {gid}: {exc}") from None
+            if new != _text(cell):
+                cell["source"] = new
+                if "checksum" in cell["metadata"].get("nbgrader", {}):  # a release notebook's (nbgrader's)
+                    cell["metadata"]["nbgrader"]["checksum"] = _checksum(cell)
             if code_missing is not None:
                 code_missing += left
             continue
