@@ -184,6 +184,517 @@ RUNTIME = {
 
 # -- autograder/checks: the checks' own phrases ------------------------------------------------------------------
 
-CHECKS: dict[str, str] = {}
+CHECKS: dict[str, str] = {
+    # runtime: more of the runner and the ledger
+    ' (called from {})':
+        '（调用自 {}）',
+    '(no stack was written)':
+        '（没有写出栈）',
+    'run_distributed: rank {} sent back something that is not plain data ({}). Rank programs return tensors, numbers, strings, and lists, tuples and dicts of them.':
+        'run_distributed：rank {} 送回的不是普通数据（{}）。rank 程序应返回张量、数字、字符串，以及由它们组成的 list、tuple 和 dict。',
+    'world_size must be a positive int, got {}':
+        'world_size 必须是正整数，实际是 {}',
+    'timeout must be positive, got {}':
+        'timeout 必须是正数，实际是 {}',
+    'run_distributed: fn must be callable, got {}':
+        'run_distributed：fn 必须可调用，实际是 {}',
+    # checks/__init__.py: argument errors
+    'rank {}: {}: expected ValueError, nothing was raised.':
+        'rank {}：{}：期望抛出 ValueError，实际什么也没有抛出。',
+    'rank {}: {}: expected ValueError, got {}: {}':
+        'rank {}：{}：期望 ValueError，实际是 {}：{}',
+    'rank {}: {}: ValueError raised only after communicating; validate before {}:':
+        'rank {}：{}：ValueError 是在通信之后才抛出的；请在 {} 之前就检查参数：',
+    'rank {}: {}: the ValueError should name the sizes involved ({}); its message was: {}':
+        'rank {}：{}：ValueError 应该指出相关的大小（{}）；它的消息是：{}',
+    # checks/data_parallel.py
+    'rank {}: parameter {} is missing from the model after {}.':
+        'rank {}：{2} 之后模型里没有参数 {1} 了。',
+    'grad of {} (unused)':
+        '{} 的 grad（未使用）',
+    'rank {}: grad of {} should stay None (no rank produced one), got a tensor of shape {}.':
+        'rank {}：{} 的 grad 应该保持 None（没有 rank 产生它），实际是一个形状为 {} 的张量。',
+    'grad of {} after {}':
+        '{} 的 grad，经过 {}',
+    'grad of {} (a parameter no rank used) is None; after finish_gradient_synchronization() every trainable parameter must have a grad (zeros here).':
+        '{} 的 grad（没有 rank 用到的参数）是 None；finish_gradient_synchronization() 之后每个可训练参数都必须有 grad（这里为零）。',
+    '{} after the broadcast':
+        'broadcast 之后的 {}',
+    'a group of one communicates nothing':
+        '组大小为 1 时不做任何通信',
+    'expected buckets (cap {} bytes):':
+        '期望的 bucket（上限 {} 字节）：',
+    '    bucket {}: {} ({} elements, {} bytes, {})':
+        '    bucket {}：{}（{} 个元素，{} 字节，{}）',
+    'rank {}: BucketedDDP should only all-reduce after construction; saw:':
+        'rank {}：BucketedDDP 在构造之后应该只做 all-reduce；实际看到：',
+    'Communication of rank {}:':
+        'rank {} 的通信：',
+    'rank {}: expected {} all_reduce ({}: one per bucket, bucket order), saw {} ({}).':
+        'rank {}：期望 {} 次 all_reduce（{}：每个 bucket 一次，按 bucket 顺序），实际 {} 次（{}）。',
+    'rank {}: {} bucket all-reduce(s) were issued in phase {}, after backward; launch each bucket from the gradient hooks (and leftovers from an end-of-backward callback).':
+        'rank {}：有 {} 次 bucket 的 all-reduce 是在 {} 阶段、反向之后发起的；请在梯度 hook 里发起每个 bucket（剩下的在反向结束时的回调里发起）。',
+    'rank {}: bucket all-reduces must be asynchronous (async_op=True) so backward continues; {} were not.':
+        'rank {}：bucket 的 all-reduce 必须是异步的（async_op=True），这样反向才能继续；有 {} 次不是。',
+    'rank {}: bucket 0 ({}) was all-reduced only after backward had computed the gradient of layers.0.weight {}; launch a bucket as soon as its last gradient arrives, to overlap with backward.':
+        'rank {}：bucket 0（{}）直到反向算完 layers.0.weight {} 的梯度之后才做 all-reduce；bucket 的最后一个梯度一到就应发起它，才能与反向 overlap。',
+    'the first {} micro-steps, in no_sync()':
+        'no_sync() 中的前 {} 个 micro-step',
+    'the last micro-step, one per bucket':
+        '最后一个 micro-step，每个 bucket 一次',
+    'rank {}: the reduce-scatter has {} elements; the flat buffer of {} trainable elements must be padded to a multiple of the group size {}, with less than {} elements of padding.':
+        'rank {}：reduce-scatter 有 {} 个元素；{} 个可训练元素的 flat buffer 必须补齐到组大小 {} 的整数倍，padding 少于 {} 个元素。',
+    '{}; a group of one communicates nothing':
+        '{}；组大小为 1 时不做任何通信',
+    '{}, {} trainable elements padded to {}':
+        '{}，{} 个可训练元素补齐到 {}',
+    'forward and backward':
+        '前向和反向',
+    '; the all-gather mirrors the reduce-scatter':
+        '；all-gather 是 reduce-scatter 的镜像',
+    'rank {} ({}): unexpected communication {}:':
+        'rank {}（{}）：意外的通信 {}：',
+    ', parameter groups {} (name suffix, lr scale, weight decay)':
+        '，参数组 {}（名字后缀、lr 倍数、weight decay）',
+    "rank {} ({}): found no state tensors in optimizer.state (nor in an inner optimizer kept as an attribute); the optimizer's state for your range must be there.":
+        'rank {}（{}）：在 optimizer.state 里（以及作为属性保存的内部优化器里）都没有找到状态张量；你的区间的优化器状态必须放在那里。',
+    'rank {} ({}): optimizer state {} holds {} elements; the shard of this rank is {} elements ({} parameters padded to {}, over {} ranks). ZeRO keeps state for the owned range only.':
+        'rank {}（{}）：优化器状态 {} 有 {} 个元素；本 rank 的 shard 是 {} 个元素（{} 个参数补齐到 {}，分给 {} 个 rank）。ZeRO 只为自己拥有的区间保存状态。',
+    'rank {} ({}): optimizer state {} holds {} elements, but this rank updates {} elements of its range [{}, {}) that have gradients; each needs its own state.':
+        'rank {0}（{1}）：优化器状态 {2} 有 {3} 个元素，但本 rank 要更新其区间 [{5}, {6}) 中 {4} 个有梯度的元素；每个都需要自己的状态。',
+    'rank {} ({}): optimizer state {} has dtype {}, expected {} for {} parameters.':
+        'rank {0}（{1}）：优化器状态 {2} 的 dtype 是 {3}，{5} 参数应为 {4}。',
+    # checks/data_parallel_fsdp.py
+    "rank {}: after fully_shard, module(s) {} have no parameter named 'flat_param' (this rank's shard of the unit's flat buffer).":
+        "rank {}：fully_shard 之后，模块 {} 没有名为 'flat_param' 的参数（本 rank 在该单元 flat buffer 中的 shard）。",
+    '{}, fully_shard per block then root, world size {}, reshard_after_forward={}{}, {}':
+        '{}，先对每个 block 再对根模块调用 fully_shard，world size {}，reshard_after_forward={}{}，{}',
+    'rank {}: expected one all-gather per fully_shard unit in forward ({}: {}), saw {}. Communication of rank {}:':
+        'rank {}：前向中每个 fully_shard 单元应有一次 all-gather（{}：{}），实际 {} 次。rank {} 的通信：',
+    'rank {}: the forward all-gather of unit {} has {} elements; its {} parameter elements must be padded to a multiple of the group size {}, with less than {} elements of padding (in order: root first, then the blocks). Communication of rank {}:':
+        'rank {}：单元 {} 前向的 all-gather 有 {} 个元素；它的 {} 个参数元素必须补齐到组大小 {} 的整数倍，padding 少于 {} 个元素（顺序：先根模块，再各 block）。rank {} 的通信：',
+    "rank {} ({}): in {} expected {}; saw {}. Per unit (padded sizes {}): forward 1 all-gather; backward {}1 reduce-scatter of the same size (the all-gather's mirror), in dtypes all-gather {}, reduce-scatter {}.":
+        'rank {}（{}）：{} 中期望 {}；实际 {}。每个单元（补齐后的大小 {}）：前向 1 次 all-gather；反向 {}1 次同样大小的 reduce-scatter（all-gather 的镜像），dtype 分别是 all-gather {}、reduce-scatter {}。',
+    '{}: output of step {}':
+        '{}：第 {} 步的输出',
+    'unit {}: flat_param shards of sizes {} on ranks 0..{}; every rank must hold an equal chunk.':
+        '单元 {}：rank 0..{2} 上 flat_param shard 的大小是 {1}；每个 rank 必须持有同样大小的一块。',
+    "{}: grad of unit {}'s flat_param (its chunk of [{}], padded to {}) after step 0":
+        '{}：第 0 步之后单元 {} 的 flat_param 的 grad（它在 [{}] 中的那一块，补齐到 {}）',
+    "{}: unit {}'s shards of all ranks, in rank order, after {} step(s) (flat order: {})":
+        '{}：{1} 步之后所有 rank 上单元 {0} 的 shard，按 rank 顺序（flat 顺序：{2}）',
+    "rank {} ({}): after fully_shard, {} of the original full parameters are still in memory. Keep only this rank's shard (no reference to the original parameters).":
+        'rank {}（{}）：fully_shard 之后，原来的完整参数还有 {} 个留在内存里。只保留本 rank 的 shard（不要引用原来的参数）。',
+    "rank {} ({}): at rest the model's parameters hold {} bytes; this rank's shards are {} bytes (padded unit sizes {} / {} x {} bytes). Each unit keeps one flat_param of padded/d elements, its own storage, and nothing else.":
+        'rank {}（{}）：空闲时模型参数占用 {} 字节；本 rank 的 shard 是 {} 字节（补齐后的单元大小 {} / {} x {} 字节）。每个单元只保留一个 padded/d 个元素的 flat_param，有自己的 storage，别无其他。',
+    'rank {} ({}): {}, {} gathered parameter buffer(s) of shape {} are still reachable (after gc.collect(), for {} s). ':
+        'rank {}（{}）：{}，还有 {} 个 gather 出来的、形状为 {} 的参数 buffer 可以访问到（gc.collect() 之后，持续 {} s）。',
+    "Free them after forward: drop every reference (autograd's saved tensors included: saved-tensor hooks) or resize their storage to 0, and gather again in backward.":
+        '前向之后释放它们：丢掉所有引用（包括 autograd 保存的张量：用 saved-tensor hook），或者把它们的 storage resize 到 0，到反向时再 gather。',
+    'Free the buffer gathered for backward once the reduce-scatter has run.':
+        'reduce-scatter 执行之后，释放为反向 gather 的 buffer。',
+    'rank {} ({}): parameters are all-gathered in param_dtype ({}) and gradients reduce-scattered in reduce_dtype ({}); {} collective(s) used another dtype:':
+        'rank {}（{}）：参数应以 param_dtype（{}）做 all-gather，梯度应以 reduce_dtype（{}）做 reduce-scatter；有 {} 次集合通信用了别的 dtype：',
+    "rank {} ({}): unit {}'s flat_param is {}; the sharded master weights stay float32 (only the gathered copy is {}).":
+        'rank {}（{}）：单元 {} 的 flat_param 是 {}；切分后的 master weight 保持 float32（只有 gather 出来的副本是 {}）。',
+    "rank {} ({}): unit {}'s flat_param.grad is {}; the gradient of a float32 master shard is float32.":
+        'rank {}（{}）：单元 {} 的 flat_param.grad 是 {}；float32 master shard 的梯度是 float32。',
+    'rank {} ({}): the output of step {} is {}; the model computes in param_dtype {} (cast the floating inputs, gather the parameters in it).':
+        'rank {}（{}）：第 {} 步的输出是 {}；模型用 param_dtype {} 计算（把浮点输入转成它，参数也以它 gather）。',
+    "{}: grad of unit {}'s flat_param after step 0":
+        '{}：第 0 步之后单元 {} 的 flat_param 的 grad',
+    "{}: unit {}'s shards after {} step(s)":
+        '{}：{1} 步之后单元 {0} 的 shard',
+    "rank {}: after fully_shard, module {} has no parameter named 'flat_param'.":
+        "rank {}：fully_shard 之后，模块 {} 没有名为 'flat_param' 的参数。",
+    'rank {}: gather_full_params returned {}, expected a dict {{name: tensor}}.':
+        'rank {}：gather_full_params 返回了 {}，期望一个 dict {{name: tensor}}。',
+    'rank {} ({}): gather_full_params should issue exactly one all-gather per unit ({}), saw:':
+        'rank {}（{}）：gather_full_params 应该每个单元恰好发起一次 all-gather（{}），实际看到：',
+    "rank {} ({}): gather_full_params keys differ from the unsharded model's state_dict(): missing {}, unexpected {}.":
+        'rank {}（{}）：gather_full_params 的键与未切分模型的 state_dict() 不同：缺少 {}，多出 {}。',
+    "rank {} ({}): gather_full_params changed the model's parameters {}; it must leave the shards as they are.":
+        'rank {}（{}）：gather_full_params 改变了模型的参数 {}；它必须让各 shard 保持原样。',
+    # checks/tensor_parallel.py
+    'check parameters: {} ({}) must be divisible by world_size ({})':
+        '检查参数：{}（{}）必须能被 world_size（{}）整除',
+    'rank {} ({}): expected {} {} of {}{} in {}, saw {}. Communication of rank {}:':
+        'rank {}（{}）：{6} 中期望 {2} 次 {3}（{4}{5}），实际 {7} 次。rank {8} 的通信：',
+    'rank {} ({}): unexpected communication in {} (expected only: {}); saw {} op(s). Communication of rank {}:':
+        'rank {}（{}）：{} 中有意外的通信（期望只有：{}）；实际有 {} 个 op。rank {} 的通信：',
+    'rank {}: {} returned {}, expected a tensor of shape {}':
+        'rank {}：{} 返回了 {}，期望一个形状为 {} 的张量',
+    'rank {}: {} returned shape {}, expected {}':
+        'rank {}：{} 返回的形状是 {}，期望 {}',
+    'rank {}: {} returned a tensor that does not require grad (the autograd graph was cut: detach(), .data or torch.no_grad()?)':
+        'rank {}：{} 返回的张量不需要 grad（autograd 计算图被切断了：detach()、.data 还是 torch.no_grad()？）',
+    'rank {}: {} has no attribute .{} (the shards live in .weight and .bias)':
+        'rank {}：{} 没有属性 .{}（shard 放在 .weight 和 .bias 里）',
+    '  (its .weight has shape {}; expected {})':
+        '  （它的 .weight 形状是 {}；期望 {}）',
+    'rank {}: {} forward failed on input {}: {}: {}':
+        'rank {}：{} 在输入 {} 上前向失败：{}：{}',
+    '{}: input gradient (backward)':
+        '{}：输入梯度（反向）',
+    '{}: forward output':
+        '{}：前向输出',
+    'rank {}: {} modified its input in place; it must return a new tensor (clone before an in-place collective)':
+        'rank {}：{} 原地修改了它的输入；它必须返回一个新张量（在原地集合通信之前先 clone）',
+    '{}; a group of size 1 communicates nothing':
+        '{}；组大小为 1 时不做任何通信',
+    "rank {}: {}: .weight has shape {}, expected {} (this rank's shard of the [out, in] master_weight)":
+        'rank {}：{}：.weight 的形状是 {}，期望 {}（本 rank 在 [out, in] master_weight 中的 shard）',
+    'rank {}: {}: .bias should be None with bias=False':
+        'rank {}：{}：bias=False 时 .bias 应为 None',
+    'slice of the full bias gradient':
+        '完整 bias 梯度的切片',
+    "partial: this rank's sequence chunk only, before allreduce_sequence_parallel_grads":
+        '部分和（partial）：只有本 rank 的那段序列，在 allreduce_sequence_parallel_grads 之前',
+    'the full bias gradient':
+        '完整的 bias 梯度',
+    'ColumnParallelLinear(4, 5) on 2 ranks: out_features not divisible':
+        'ColumnParallelLinear(4, 5) 放在 2 个 rank 上：out_features 不能整除',
+    'RowParallelLinear(5, 4) on 2 ranks: in_features not divisible':
+        'RowParallelLinear(5, 4) 放在 2 个 rank 上：in_features 不能整除',
+    'ColumnParallelLinear(6, 4) with a master_weight of shape [6, 4] (must be [out, in] = [4, 6])':
+        'ColumnParallelLinear(6, 4)，master_weight 形状为 [6, 4]（必须是 [out, in] = [4, 6]）',
+    'RowParallelLinear(4, 6) with a master_weight of shape [4, 6] (must be [out, in] = [6, 4])':
+        'RowParallelLinear(4, 6)，master_weight 形状为 [4, 6]（必须是 [out, in] = [6, 4]）',
+    'RowParallelLinear with tp_group=0 (a rank, not a ProcessGroup)':
+        'RowParallelLinear，tp_group=0（这是一个 rank，不是 ProcessGroup）',
+    'scatter_to_tensor_model_parallel_region on [4, 2, 5] (last dim 5) over 2 ranks':
+        'scatter_to_tensor_model_parallel_region 作用于 [4, 2, 5]（最后一维为 5），2 个 rank',
+    'reduce_scatter_to_sequence_parallel_region on [5, 2, 4] (dim 0 is 5) over 2 ranks':
+        'reduce_scatter_to_sequence_parallel_region 作用于 [5, 2, 4]（dim 0 为 5），2 个 rank',
+    'RowParallelLinear(4, 4, sequence_parallel=True) forward on a sequence of 5':
+        'RowParallelLinear(4, 4, sequence_parallel=True) 在长度为 5 的序列上做前向',
+    "rank {}: ParallelMLP must hold its layers as .linear_fc1 (column) and .linear_fc2 (row), as Megatron-LM's MLP does":
+        'rank {}：ParallelMLP 必须像 Megatron-LM 的 MLP 那样，把它的层存为 .linear_fc1（column）和 .linear_fc2（row）',
+    "rank {} ({}): ParallelMLP's parameters are {}; expected {} (a master bias of None means no bias, as nn.Linear(bias=False)).":
+        'rank {}（{}）：ParallelMLP 的参数是 {}；期望 {}（master bias 为 None 表示没有 bias，与 nn.Linear(bias=False) 相同）。',
+    ' (one marked parameter without a gradient)':
+        '（一个没有梯度的标记参数）',
+    'rank {} ({}): the marked parameter no forward used has a gradient after allreduce_sequence_parallel_grads; a parameter whose grad is None is skipped (it stays None).':
+        'rank {}（{}）：没有被任何前向用到的标记参数在 allreduce_sequence_parallel_grads 之后有了梯度；grad 为 None 的参数应当跳过（保持 None）。',
+    'rank {} ({}): expected no communication (nothing to sum), saw:':
+        'rank {}（{}）：期望没有通信（没有要求和的东西），实际看到：',
+    'rank {} ({}): expected all-reduces of {} elements in total (LayerNorm weight and bias, fc2 bias: 3 x {}) and nothing else; saw {} all-reduced elements:':
+        'rank {}（{}）：期望 all-reduce 的元素一共 {} 个（LayerNorm 的 weight 和 bias，fc2 的 bias：3 x {}），别无其他；实际 all-reduce 了 {} 个元素：',
+    'check parameters: need seq * batch >= world_size to put a target in every partition':
+        '检查参数：需要 seq * batch >= world_size，才能在每个分区里都放一个 target',
+    'vocab_parallel_cross_entropy, world size {}, [s, b, v] = [{}, {}, {}], {} logits{}':
+        'vocab_parallel_cross_entropy，world size {}，[s, b, v] = [{}, {}, {}]，{} logits{}',
+    '{}: gradient of the logits shard':
+        '{}：logits shard 的梯度',
+    "rank {} ({}): the input logits were modified in place; work on a copy (Megatron's in-place subtraction is not allowed here)":
+        'rank {}（{}）：输入的 logits 被原地修改了；请在副本上计算（这里不允许 Megatron 那样的原地减法）',
+    "check parameters: choose seq * batch != in_features so that only the weight gradient has the weight's shape":
+        '检查参数：请选 seq * batch != in_features，这样只有权重梯度才有权重的形状',
+    'LinearWithAsyncAllReduce, world size {}, input [{}, {}, {}], weight shard [{}, {}], bias={}, {}':
+        'LinearWithAsyncAllReduce，world size {}，输入 [{}, {}, {}]，权重 shard [{}, {}]，bias={}，{}',
+    'rank {} ({}): bias is None, yet a bias gradient came back':
+        'rank {}（{}）：bias 为 None，却返回了 bias 的梯度',
+    'Backward of rank {}, in order:':
+        'rank {} 的反向，按顺序：',
+    'rank {} ({}): the input-gradient all-reduce was synchronous; launch it with async_op=True so the weight gradient can be computed meanwhile.':
+        'rank {}（{}）：输入梯度的 all-reduce 是同步的；用 async_op=True 发起它，这样权重梯度才能同时计算。',
+    "rank {} ({}): no op in backward produced a tensor of the weight's shape {}: where is the weight gradient computed?":
+        'rank {}（{}）：反向中没有任何 op 产生权重形状 {} 的张量：权重梯度是在哪里计算的？',
+    'rank {} ({}): the all-reduce (#{}) was launched after the weight gradient ({}, #{}): nothing overlaps it.':
+        'rank {}（{}）：all-reduce（#{}）是在权重梯度（{}，#{}）之后才发起的：没有任何计算与它 overlap。',
+    'rank {} ({}): the async all-reduce was never waited for inside backward (call work.wait() before returning the input gradient).':
+        'rank {}（{}）：异步 all-reduce 在反向里从没被等待（返回输入梯度之前调用 work.wait()）。',
+    'rank {} ({}): wait() (#{}) came before the weight gradient ({}, #{}): the all-reduce was not overlapped with it (wait after computing the weight gradient).':
+        'rank {}（{}）：wait()（#{}）出现在权重梯度（{}，#{}）之前：all-reduce 没有与它 overlap（应在算完权重梯度之后再等待）。',
+    '{}: input gradient':
+        '{}：输入梯度',
+    '{}: input gradient (all-reduced)':
+        '{}：输入梯度（all-reduce 后）',
+    '{}: weight gradient':
+        '{}：权重梯度',
+    '{}: loss [s, b] (float32)':
+        '{}：loss [s, b]（float32）',
+    'unknown mapping {}; one of {}':
+        '未知的 mapping {}；应为 {} 之一',
+    # checks/pipeline_parallel.py
+    'Hint: the ranks deadlocked. With gloo a send completes only once the peer has posted the matching receive, so a send that blocks (dist.send, or isend(...).wait() straight away) waits for a peer that is itself blocked sending. Post sends (dist.isend) and return the handle, block only in receives, and wait each handle once, later (a second wait() on a gloo send never returns). Also check that every send goes to the neighbour that receives it: activations to the next rank, gradients to the previous one, as ranks of pp_group.':
+        '提示：各 rank 死锁了。在 gloo 下，send 要等对方发起了匹配的 receive 才会完成，所以一个阻塞的 send（dist.send，或者紧接着 isend(...).wait()）会等待一个自己也阻塞在 send 上的对方。发起 send（dist.isend）并返回 handle，只在 receive 上阻塞，每个 handle 稍后等待一次（对 gloo 的 send 第二次 wait() 永远不会返回）。再检查每个 send 是否发给了接收它的那个邻居：激活发给下一个 rank，梯度发给上一个，都用 pp_group 中的 rank 表示。',
+    "Hint: a receive buffer's size differs from what the peer sent (gloo aborts the process): recv_forward / recv_backward must allocate exactly the given shape and dtype, and the message must be the one the receiver expects (a micro-batch is [b, h] in the micro-batches' dtype).":
+        '提示：接收 buffer 的大小与对方发送的不一致（gloo 会中止进程）：recv_forward / recv_backward 必须严格按给定的形状和 dtype 分配，而且消息必须是接收方期望的那一条（一个 micro-batch 是 [b, h]，dtype 与各 micro-batch 相同）。',
+    'Hint: a rank sent to or received from itself (gloo has no connection to itself): the peer was computed wrongly. Peers are ranks of pp_group (pp_group.rank(), pp_group.size()), not global ranks; and with one stage there is nobody to talk to.':
+        '提示：有 rank 在向自己发送或从自己接收（gloo 没有到自己的连接）：对方算错了。对方是 pp_group 中的 rank（pp_group.rank()、pp_group.size()），不是全局 rank；只有一个 stage 时没有任何人可以通信。',
+    "Hint: a stage's input must be a leaf that requires grad, so that backward fills its .grad: a received tensor needs .requires_grad_(); with p = 1 and several chunks, hand chunk c's output to chunk c + 1 as output.detach().requires_grad_() (a send would have cut the graph there too).":
+        '提示：stage 的输入必须是一个 requires grad 的叶子张量，这样反向才会填好它的 .grad：收到的张量需要调用 .requires_grad_()；p = 1 且有多个 chunk 时，把 chunk c 的输出以 output.detach().requires_grad_() 交给 chunk c + 1（一次 send 也会在那里切断计算图）。',
+    'Hint: a peer is not a rank of pp_group. Use group ranks (pp_group.rank(), (rank + 1) % pp_group.size()) and pass them as group_dst= / group_src=; dst= / src= are global ranks.':
+        '提示：有个对方不是 pp_group 中的 rank。请用组内 rank（pp_group.rank()、(rank + 1) % pp_group.size()），并作为 group_dst= / group_src= 传入；dst= / src= 是全局 rank。',
+    'check parameters: pp_ranks {} must be disjoint lists of ranks < {}':
+        '检查参数：pp_ranks {} 必须是互不相交的、由 < {} 的 rank 组成的列表',
+    'check parameters: every pipeline group in {} must have the same size':
+        '检查参数：{} 中的每个流水线组大小必须相同',
+    "check parameters: hidden must be >= 2 (column 0 carries the micro-batch's tag)":
+        '检查参数：hidden 必须 >= 2（第 0 列携带 micro-batch 的 tag）',
+    'check parameters: pipeline groups {} do not have num_stages = {} ranks':
+        '检查参数：流水线组 {} 的 rank 数不是 num_stages = {}',
+    'run_pipeline is run here with the lists your {} returns, and they are not a schedule any executor could run; fix {} first (its own test says more). run_pipeline was not run.':
+        '这里用你的 {} 返回的列表来运行 run_pipeline，而这些列表不是任何执行器能运行的调度；请先修好 {}（它自己的测试会说得更详细）。run_pipeline 没有运行。',
+    'pipeline group {} of a world of {}':
+        '流水线组 {}（world 大小为 {}）',
+    'pipeline groups {} of a world of {}':
+        '流水线组 {}（world 大小为 {}）',
+    ', {} chunks per rank':
+        '，每个 rank {} 个 chunk',
+    " ('?': the stage got data that is no micro-batch's: a receive from the wrong peer, or a message received out of order)":
+        '（“?”：stage 拿到的数据不属于任何 micro-batch：从错误的对方接收，或者消息收到的顺序不对）',
+    '  schedule given to run_pipeline:':
+        '  传给 run_pipeline 的调度：',
+    'rank {} (group rank {}, {}): the stage ran {} as its action #{}, but its schedule says {}{}. Executed (recorded while it ran):':
+        'rank {}（组内 rank {}，{}）：stage 把 {} 作为动作 #{} 执行，但它的调度写的是 {}{}。实际执行的（运行时记录）：',
+    'rank {} ({}): a pipeline communicates only by P2P sends and receives; saw {} ({} collective op(s)). {}':
+        'rank {}（{}）：流水线只通过 P2P 的 send 和 receive 通信；实际看到了 {}（{} 次集合通信）。{}',
+    'rank {} ({}): one stage (p = 1) has no neighbour to talk to: expected no communication (a send to itself crashes gloo; pass tensors between its own chunks directly). {}':
+        'rank {}（{}）：只有一个 stage（p = 1）时没有邻居可以通信：期望没有通信（向自己 send 会让 gloo 崩溃；在它自己的 chunk 之间直接传递张量）。{}',
+    'rank {} (group rank {} of {}, {}): {}. Expected per step: {} (next = group rank {}, previous = group rank {}; activations go to the next rank, gradients to the previous). {}':
+        'rank {}（组内 rank {}/{}，{}）：{}。每一步期望：{}（下一个 = 组内 rank {}，上一个 = 组内 rank {}；激活发给下一个 rank，梯度发给上一个）。{}',
+    '{}: group rank {} sent {} tensor(s) forward to group rank {}, which sent {} gradient(s) back; each activation sent forward must come back as one gradient of the same shape and dtype (forward: send_forward, backward: send_backward).':
+        '{}：组内 rank {} 向前发给组内 rank {2} {1} 个张量，而后者发回了 {3} 个梯度；每个向前发出的激活都必须以一个同形状、同 dtype 的梯度返回（前向：send_forward，反向：send_backward）。',
+    'rank {} (group rank {}; {}): run_pipeline returned {}; only the last stage (group rank {}) returns the loss, the others None':
+        'rank {}（组内 rank {}；{}）：run_pipeline 返回了 {}；只有最后一个 stage（组内 rank {}）返回 loss，其他的返回 None',
+    'rank {} (group rank {}, the last stage; {})':
+        'rank {}（组内 rank {}，最后一个 stage；{}）',
+    '{}: run_pipeline returned {}; expected the mean loss as a Python float (e.g. with .item())':
+        '{}：run_pipeline 返回了 {}；期望以 Python float 返回平均 loss（例如用 .item()）',
+    ' ({} micro-batches: summed instead of averaged?)':
+        '（{} 个 micro-batch：求了和而不是平均？）',
+    '{}: loss {}, expected {}, the mean of the {} micro-batch losses; ratio {}{}':
+        '{}：loss {}，期望 {}，即 {} 个 micro-batch loss 的平均；比值 {}{}',
+    ' (chunk {} of group rank {})':
+        '（组内 rank {1} 的 chunk {0}）',
+    'rank {} (group rank {} of {}; {}): right after its forward #{} ({}) {} stage outputs were alive, but its schedule needs {} at that point (forwarded, not yet backwarded; at most {} for this stage). ':
+        'rank {}（组内 rank {}/{}；{}）：刚做完前向 #{}（{}）时有 {} 个 stage 输出还活着，但此时它的调度只需要 {} 个（已前向、尚未反向；这个 stage 最多 {} 个）。',
+    'Something keeps outputs alive after their backward: an entry never removed from a dict, a send handle kept (it keeps its tensor and graph alive), or a local variable still naming an earlier output. ':
+        '有东西在反向之后还让输出活着：从没从 dict 中删除的条目，保留着的 send handle（它让它的张量和计算图活着），或者仍指向早先某个输出的局部变量。',
+    'An output the schedule still needs for its backward was dropped or never kept. ':
+        '调度反向时还需要的某个输出被丢掉了，或者从没保留。',
+    'Alive after each forward: {}; needed: {}.':
+        '每次前向之后活着的：{}；需要的：{}。',
+    'rank {} ({}): the stage ran {} forwards; its schedule has {}':
+        'rank {}（{}）：stage 执行了 {} 次前向；它的调度里有 {} 次',
+    'rank {} (group rank {}; {}): {} stage output(s) still alive after run_pipeline returned: drop every output, input and send handle when the step ends (wait the handles first)':
+        'rank {}（组内 rank {}；{}）：run_pipeline 返回之后还有 {} 个 stage 输出活着：一步结束时丢掉每个输出、输入和 send handle（先等待这些 handle）',
+    'actions for micro-batch 3 of 3':
+        '对 3 个 micro-batch 中的 micro-batch 3 的动作',
+    'two chunks, actions without a chunk index':
+        '两个 chunk，动作却没有 chunk 下标',
+    'run_pipeline with {}: expected ValueError on every rank before any communication; instead the run failed:':
+        'run_pipeline，{}：期望在任何通信之前每个 rank 都抛出 ValueError；运行却失败了：',
+    'any send or receive':
+        '任何 send 或 receive',
+    'check parameters: the P2P helpers need a pipeline group of at least 2 ranks':
+        '检查参数：P2P 辅助函数需要至少 2 个 rank 的流水线组',
+    'rank {} ({}): {} returned {}; expected the handle of a posted send (what dist.isend returns), so the caller can wait it later':
+        'rank {}（{}）：{} 返回了 {}；期望返回已发起的 send 的 handle（dist.isend 的返回值），好让调用者稍后等待它',
+    'rank {} ({}): a send modified the tensor it was given':
+        'rank {}（{}）：send 修改了传给它的张量',
+    'rank {} (group rank {} of {}; {}): expected, in order, a send to group rank {}, a receive from {}, a send to {}, a receive from {}, each of {} {} (peers are ranks of pp_group: pp_group.rank(), not the global rank). Communication of rank {}:':
+        'rank {}（组内 rank {}/{}；{}）：期望依次是：send 给组内 rank {}，从 {} receive，send 给 {}，从 {} receive，每次都是 {} {}（对方是 pp_group 中的 rank：pp_group.rank()，不是全局 rank）。rank {} 的通信：',
+    'rank {} ({}): {} returned {}; expected a tensor':
+        'rank {}（{}）：{} 返回了 {}；期望一个张量',
+    'rank {} ({}): {} returned {} {}; expected {} {}':
+        'rank {}（{}）：{} 返回了 {} {}；期望 {} {}',
+    'data that no rank sent':
+        '没有任何 rank 发送过的数据',
+    "rank {} (group rank {} of {}; {}): {} returned {}; expected group rank {}'s {}":
+        'rank {}（组内 rank {}/{}；{}）：{} 返回了 {}；期望组内 rank {} 的{}',
+    'activation (the previous stage)':
+        '激活（上一个 stage）',
+    'gradient (the next stage)':
+        '梯度（下一个 stage）',
+    # checks/pipeline_schedules.py
+    "{} returned {}; expected a list of actions like ('F', 0) and ('B', 0)":
+        "{} 返回了 {}；期望一个动作列表，例如 ('F', 0) 和 ('B', 0)",
+    '{}: action {} is {}; every action must be a tuple {} with kind {} and int indices':
+        '{}：动作 {} 是 {}；每个动作都必须是 tuple {}，kind 为 {}，下标为 int',
+    ", or a pair ('F&B', forward, backward)":
+        "，或者一对 ('F&B', forward, backward)",
+    '{}: action {} ({}) is outside {} micro-batches{}.':
+        '{}：动作 {}（{}）超出了 {} 个 micro-batch{} 的范围。',
+    '{}: {} is {} before its {}.':
+        '{}：{0} 在它的 {2} 之前就 {1} 了。',
+    '{}: {} is {} twice.':
+        '{}：{} 被 {} 了两次。',
+    '{}: {} actions, expected {} (one forward and one backward per micro-batch{}); never completed: {}.':
+        '{}：{} 个动作，期望 {} 个（每个 micro-batch 一次前向和一次反向{}）；从未完成的：{}。',
+    'groups of p micro-batches, each group through chunk 0, 1, ..., v-1':
+        '每 p 个 micro-batch 一组，每组依次经过 chunk 0, 1, ..., v-1',
+    'micro-batch order (FIFO: the oldest micro-batch first)':
+        'micro-batch 的顺序（FIFO：最早的 micro-batch 在前）',
+    'the forward groups, each through the chunks in reverse (v-1, ..., 0), micro-batches FIFO':
+        '与前向相同的分组，每组倒序经过各 chunk（v-1, ..., 0），micro-batch 按 FIFO',
+    '{}: {} #{} is {}, expected {}: {}s run in {}.':
+        '{}：{} #{} 是 {}，期望 {}：{} 按 {} 运行。',
+    '{}: {} forward(s) before the first backward; expected {}.':
+        '{}：第一次反向之前有 {} 次前向；期望 {}。',
+    '{}: two {} in a row at actions {} and {} ({}, {}) while forwards remain: after the warm-up the steady state alternates one backward and one forward, then only backwards remain (cool-down).':
+        '{}：还有前向没做时，在动作 {1} 和 {2}（{3}，{4}）连续出现了两次 {0}：warm-up 之后的稳定阶段一次反向、一次前向交替，最后只剩反向（cool-down）。',
+    'F{} of stage {} (rank {})':
+        'stage {1} 的 F{0}（rank {2}）',
+    'B{} of stage {} (rank {})':
+        'stage {1} 的 B{0}（rank {2}）',
+    'stage {}: blocked at action {} ({}), waiting for {}':
+        'stage {}：阻塞在动作 {}（{}），等待 {}',
+    'show_schedules: {} must be a positive int, got {}':
+        'show_schedules：{} 必须是正整数，实际是 {}',
+    "show_schedules: style must be 'loop' or 'v', got {}":
+        "show_schedules：style 必须是 'loop' 或 'v'，实际是 {}",
+    'run together, these schedules DEADLOCK:':
+        '一起运行时，这些调度会死锁（DEADLOCK）：',
+    'ideal timeline ({}, no communication time): idle fraction {}':
+        '理想时间线（{}，不计通信时间）：空闲比例 {}',
+    '{}: runs must be a list of ({}), got {}':
+        '{}：runs 必须是由 ({}) 组成的列表，实际是 {}',
+    '{}: runs is empty: give at least one ({})':
+        '{}：runs 是空的：至少给一个 ({})',
+    'is not a tuple':
+        '不是 tuple',
+    '{}: runs[{}] = {} {}; each run is ({})':
+        '{}：runs[{}] = {} {}；每个 run 是 ({})',
+    '{}: runs[{}]: {} must be a positive int, got {}':
+        '{}：runs[{}]：{} 必须是正整数，实际是 {}',
+    '{} with {} stages and {} micro-batches{}: run together, the stages deadlock (a stage blocks in a receive that its neighbour only sends after waiting for this stage):':
+        '{}，{} 个 stage，{} 个 micro-batch{}：一起运行时各 stage 会死锁（一个 stage 阻塞在 receive 上，而它的邻居要等这个 stage 之后才会 send）：',
+    '{}: the ValueError should name the sizes involved ({}); its message was: {}':
+        '{}：ValueError 应该指出相关的大小（{}）；它的消息是：{}',
+    '{}: expected ValueError, nothing was raised.':
+        '{}：期望抛出 ValueError，实际什么也没有抛出。',
+    'stage 2 of a 2-stage pipeline':
+        '2 个 stage 的流水线的 stage 2',
+    'all {} forwards first (GPipe), then the backwards':
+        '先做全部 {} 次前向（GPipe），再做反向',
+    'min(p - stage, m) = {}: a warm-up of min(p - stage - 1, m) = {} forward(s), then the first steady-state forward':
+        'min(p - stage, m) = {}：warm-up 做 min(p - stage - 1, m) = {} 次前向，然后是稳定阶段的第一次前向',
+    'all {} (the warm-up min(p - stage - 1, m) = {} covers every micro-batch)':
+        '全部 {} 次（warm-up min(p - stage - 1, m) = {} 覆盖了每个 micro-batch）',
+    '{}: a warm-up of min((p - stage - 1) * 2 + (v - 1) * p, m v) = {} forward(s){}':
+        '{}：warm-up 做 min((p - stage - 1) * 2 + (v - 1) * p, m v) = {} 次前向{}',
+    ', then the first steady-state forward':
+        '，然后是稳定阶段的第一次前向',
+    'bubble_fraction({}, {}, num_chunks={}) = {}; expected (p - 1) / (v m + p - 1) = {} / {} = {} (the idle share of the whole step, not of the busy time: (p - 1) / (v m) = {})':
+        'bubble_fraction({}, {}, num_chunks={}) = {}；期望 (p - 1) / (v m + p - 1) = {} / {} = {}（空闲时间占整个一步的比例，而不是占忙碌时间的比例：(p - 1) / (v m) = {}）',
+    # checks/pipeline_zero_bubble.py
+    ' (two chunks per rank)':
+        '（每个 rank 两个 chunk）',
+    'two linear layers with bias, a middle stage':
+        '两个带 bias 的 linear 层，中间的 stage',
+    'linear layers without bias, a middle stage':
+        '不带 bias 的 linear 层，中间的 stage',
+    'the first stage (its input is data: no input gradient)':
+        '第一个 stage（它的输入是数据：没有输入梯度）',
+    'the last stage (its output is the loss)':
+        '最后一个 stage（它的输出是 loss）',
+    'three layers and a layer norm, a middle stage':
+        '三层加一个 layer norm，中间的 stage',
+    'layer {} (linear {}->{}) weight':
+        '第 {} 层（linear {}->{}）的 weight',
+    'layer {} (linear) bias':
+        '第 {} 层（linear）的 bias',
+    'layer {} (layer norm) bias':
+        '第 {} 层（layer norm）的 bias',
+    'layer {} (layer norm) weight':
+        '第 {} 层（layer norm）的 weight',
+    '{}: backward_input changed the .grad of {} ({} parameter(s) in all): B computes the input gradient only; the weight gradients wait for backward_weight (W)':
+        '{}：backward_input 改变了 {} 的 .grad（一共 {} 个参数）：B 只计算输入梯度；权重梯度要等 backward_weight（W）',
+    "{}: backward_input set the input's .grad; it returns the input gradients instead (torch.autograd.grad, not .backward()), and changes no .grad":
+        '{}：backward_input 设置了输入的 .grad；它应当返回输入梯度（用 torch.autograd.grad，而不是 .backward()），不改变任何 .grad',
+    '{}: backward_input returned input_grads {} ({}); expected a list of {} tensor(s), one per input passed in':
+        '{}：backward_input 返回的 input_grads 是 {}（{}）；期望一个含 {} 个张量的列表，每个传入的输入一个',
+    '{}: gradient of the stage input returned by backward_input':
+        '{}：backward_input 返回的 stage 输入的梯度',
+    '{}: after backward_weight, {} has no .grad: W must accumulate every weight gradient its B left':
+        '{}：backward_weight 之后 {} 没有 .grad：W 必须累加它的 B 留下的每个权重梯度',
+    "{}: {}: .grad holds the earlier value plus TWICE this micro-batch's gradient: W accumulated it twice":
+        '{}：{}：.grad 是原来的值加上这个 micro-batch 梯度的两倍（TWICE）：W 把它累加了两次',
+    "{}: {}: .grad holds this micro-batch's gradient only; the earlier value was overwritten: W adds to .grad (as a full backward accumulates), it does not assign it":
+        '{}：{}：.grad 只有这个 micro-batch 的梯度；原来的值被覆盖了：W 是加到 .grad 上（与完整的反向一样累加），而不是给它赋值',
+    "{}: {}: .grad is TWICE the full backward's gradient: W accumulated it twice":
+        '{}：{}：.grad 是完整反向梯度的两倍（TWICE）：W 把它累加了两次',
+    'B computed (some of) the weight gradients ahead of W':
+        'B 抢在 W 之前计算了（部分）权重梯度',
+    'W computed more than the weight gradients (a second pass through the layers above each weight: run W from the saved gradients at the weights, not from the output)':
+        'W 计算的不只是权重梯度（又经过了每个权重上方的各层一次：W 应从保存在权重处的梯度出发，而不是从输出出发）',
+    "B computed more than one full backward's input-gradient work":
+        'B 计算的输入梯度工作量超过了一次完整反向',
+    '{}: FLOPs (torch.utils.flop_counter) of backward_input {} and backward_weight {}; expected {} and {} (one full backward: {}, of which the weight-gradient GEMMs 2 b in out per linear layer: {})':
+        '{}：backward_input 的 FLOPs（torch.utils.flop_counter）为 {}，backward_weight 为 {}；期望 {} 和 {}（一次完整反向：{}，其中权重梯度的 GEMM 每个 linear 层 2 b in out：{}）',
+    "{}: after backward_input returned and the caller dropped the stage output and its gradient, the output is still alive: B's state (or something else) keeps it and the graph above the last weight. W needs only what each weighted operation saved and the gradient arriving there (torch's stage_backward_input keeps the same)":
+        '{}：backward_input 返回、调用者丢掉 stage 的输出和它的梯度之后，输出还活着：B 的 state（或者别的什么）保留着它以及最后一个权重上方的计算图。W 只需要每个带权重的操作保存的东西，以及到达那里的梯度（torch 的 stage_backward_input 保留的也是这些）',
+    "{}: after backward_weight and its state dropped, {} of the stage's {} layer outputs are still alive: something still holds the step's graph or saved tensors (W uses its state up; keep no reference elsewhere)":
+        '{}：backward_weight 执行、它的 state 被丢掉之后，stage 的 {1} 个层输出中还有 {0} 个活着：还有东西持有这一步的计算图或保存的张量（W 会用完它的 state；别在其他地方保留引用）',
+    "{}{}: action #{} is {}, expected {} (the order torch's {} runs).":
+        '{}{}：动作 #{} 是 {}，期望 {}（torch 的 {} 运行的顺序）。',
+    "{}: ZB-H1 has no overlapped pairs (that is DualPipe's idea)":
+        '{}：ZB-H1 没有 overlap 的动作对（那是 DualPipe 的思路）',
+    '{}: micro-batch {} has no W: in ZB-H1 every backward is split into B (input gradient) and a W later.':
+        '{}：micro-batch {} 没有 W：ZB-H1 中每个反向都拆成 B（输入梯度）和稍后的一个 W。',
+    '{} with {} stages and {} micro-batches: run together, the stages deadlock:':
+        '{}，{} 个 stage，{} 个 micro-batch：一起运行时各 stage 会死锁：',
+    "{}({}, {}, {}): stage {} holds up to {} micro-batches' activations at once (forwarded, W not yet run); 1F1B's busiest stage holds min(p, m) = {}, and ZB-H1 must not hold more: a W deferred too long keeps its micro-batch's activations.":
+        '{}({}, {}, {})：stage {} 同时持有最多 {} 个 micro-batch 的激活（已前向，W 尚未运行）；1F1B 最忙的 stage 持有 min(p, m) = {} 个，ZB-H1 不能比它多：推迟太久的 W 会一直占着它那个 micro-batch 的激活。',
+    " (1F1B's bubble: the Ws do not fill it; stage s defers its W by s backwards)":
+        '（这是 1F1B 的 bubble：W 没有填进去；stage s 应把它的 W 推迟 s 个反向）',
+    '{} with p = {}, m = {}, costs F = {}, B = {} (of which W = {}): on the ideal timeline rank {} idles {}, expected (p - 1)(F + B - 2W) = {}{}. Idle per rank: {}':
+        '{}，p = {}，m = {}，代价 F = {}，B = {}（其中 W = {}）：在理想时间线上 rank {} 空闲 {}，期望 (p - 1)(F + B - 2W) = {}{}。每个 rank 的空闲：{}',
+    "ScheduleInterleavedZeroBubble (one stage per rank: ZB-H1) runs: 1F1B, each B's W run right after the backward s steps later":
+        'ScheduleInterleavedZeroBubble（每个 rank 一个 stage：ZB-H1）的运行方式：1F1B，每个 B 的 W 紧跟在 s 步之后的那个反向后面运行',
+    '{} with {} ranks (a V of {} stages) and {} micro-batches: run together, the stages deadlock:':
+        '{}，{} 个 rank（{} 个 stage 组成的 V），{} 个 micro-batch：一起运行时各 stage 会死锁：',
+    '3 micro-batches for a V of 4 stages':
+        '4 个 stage 的 V 只有 3 个 micro-batch',
+    '7 micro-batches for a V of 8 stages':
+        '8 个 stage 的 V 只有 7 个 micro-batch',
+    'run together, the stages deadlock:':
+        '一起运行时各 stage 会死锁：',
+    'run_pipeline_zb is run here with the lists your {} returns, and they are not a schedule any executor could run; fix {} first (its own test says more). run_pipeline_zb was not run.':
+        '这里用你的 {} 返回的列表来运行 run_pipeline_zb，而这些列表不是任何执行器能运行的调度；请先修好 {}（它自己的测试会说得更详细）。run_pipeline_zb 没有运行。',
+    " ('?': the stage got data that is no micro-batch's: a receive from the wrong peer or with the wrong tag, or a message received out of order)":
+        '（“?”：stage 拿到的数据不属于任何 micro-batch：从错误的对方接收或 tag 不对，或者消息收到的顺序不对）',
+    ' (a weight gradient computed when the schedule did not ask for one: a B whose W comes later must compute the input gradient only)':
+        '（调度没有要求时计算了权重梯度：后面还有 W 的 B 只能计算输入梯度）',
+    ' (the weight gradient was not computed here: a W skipped, or a B that did not compute it)':
+        '（这里没有计算权重梯度：跳过了一个 W，或者某个 B 没有计算它）',
+    '  expected from the list given to run_pipeline_zb:':
+        '  按传给 run_pipeline_zb 的列表期望的：',
+    'rank {} (group rank {}, {}): the stage ran {} as its computation #{}, but its schedule says {}{}. Executed (recorded while it ran; a whole backward shows as B then W):':
+        'rank {}（组内 rank {}，{}）：stage 把 {} 作为计算 #{} 执行，但它的调度写的是 {}{}。实际执行的（运行时记录；完整的反向显示为 B 然后 W）：',
+    "rank {} (group rank {} of {}, {}): {}. Expected per step: {} (this rank holds {}; stage k's activation goes to the rank of stage k + 1, its input gradient to the rank of stage k - 1; neighbouring stages on one rank hand tensors over without a message). {}":
+        'rank {}（组内 rank {}/{}，{}）：{}。每一步期望：{}（本 rank 持有 {}；stage k 的激活发给 stage k + 1 所在的 rank，它的输入梯度发给 stage k - 1 所在的 rank；同一个 rank 上相邻的 stage 直接交接张量，不发消息）。{}',
+    'rank {} (group rank {}; {}): run_pipeline_zb returned {}; only the rank holding the last stage (group rank {}) returns the loss, the others None':
+        'rank {}（组内 rank {}；{}）：run_pipeline_zb 返回了 {}；只有持有最后一个 stage 的 rank（组内 rank {}）返回 loss，其他的返回 None',
+    'rank {} (group rank {}, which holds the last stage; {})':
+        'rank {}（组内 rank {}，持有最后一个 stage；{}）',
+    '{}: run_pipeline_zb returned {}; expected the mean loss as a Python float':
+        '{}：run_pipeline_zb 返回了 {}；期望以 Python float 返回平均 loss',
+    'rank {}, {}: the weight has no gradient: a W never run (or a B that computed no weight gradient and had no W)':
+        'rank {}，{}：这个权重没有梯度：有个 W 从没运行（或者某个 B 没有计算权重梯度，而它也没有 W）',
+    "rank {}, {}: the weight gradient is TWICE single-process training's: the weight gradient was accumulated twice":
+        'rank {}，{}：权重梯度是单进程训练的两倍（TWICE）：权重梯度被累加了两次',
+    '{} stage outputs were alive, but its schedule needs {} (forwarded, B not yet run)':
+        '有 {} 个 stage 输出活着，但它的调度只需要 {} 个（已前向，B 尚未运行）',
+    "Something keeps outputs alive after their B: a dict entry never removed, a send handle kept, a local still naming an output, or a W state that holds the output (B's state needs only what the weight gradient needs). ":
+        '有东西在 B 之后还让输出活着：从没删除的 dict 条目，保留着的 send handle，仍指向某个输出的局部变量，或者持有输出的 W state（B 的 state 只需要权重梯度需要的东西）。',
+    'An output its B still needs was dropped. ':
+        '它的 B 还需要的某个输出被丢掉了。',
+    '{} stage inputs kept for a weight gradient were alive, but its schedule needs {} (forwarded, W not yet run)':
+        '为权重梯度保留的 stage 输入有 {} 个活着，但它的调度只需要 {} 个（已前向，W 尚未运行）',
+    "Something keeps a micro-batch's saved tensors after its W (or its whole B): the W state not dropped, a reference kept elsewhere. ":
+        '有东西在某个 micro-batch 的 W（或它的完整 B）之后还保留着它保存的张量：W state 没有丢掉，或者别处还有引用。',
+    'What a later W needs was dropped or never kept. ':
+        '后面某个 W 需要的东西被丢掉了，或者从没保留。',
+    'rank {} (group rank {} of {}; {}): right after its forward #{} ({}) {}. {}Alive after each forward (outputs, W inputs): {}; needed: {}.':
+        'rank {}（组内 rank {}/{}；{}）：刚做完前向 #{}（{}）时{}。{}每次前向之后活着的（输出，W 的输入）：{}；需要的：{}。',
+    'rank {} (group rank {}; {}): after run_pipeline_zb returned, {} stage output(s) and {} input(s) kept for a weight gradient are still alive: drop every output, W state and send handle before the step ends':
+        'rank {}（组内 rank {}；{}）：run_pipeline_zb 返回之后，还有 {} 个 stage 输出和 {} 个为权重梯度保留的输入活着：一步结束之前丢掉每个输出、W state 和 send handle',
+    "plot_zb_timelines: runs[{}]: style must be 'loop' or 'v', got {}":
+        "plot_zb_timelines：runs[{}]：style 必须是 'loop' 或 'v'，实际是 {}",
+}
 
 ZH = {**RUNTIME, **CHECKS}
