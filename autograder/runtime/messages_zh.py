@@ -695,6 +695,131 @@ CHECKS: dict[str, str] = {
         'rank {}（组内 rank {}；{}）：run_pipeline_zb 返回之后，还有 {} 个 stage 输出和 {} 个为权重梯度保留的输入活着：一步结束之前丢掉每个输出、W state 和 send handle',
     "plot_zb_timelines: runs[{}]: style must be 'loop' or 'v', got {}":
         "plot_zb_timelines：runs[{}]：style 必须是 'loop' 或 'v'，实际是 {}",
+    # checks/context_parallel.py
+    '{}: {} has NaN (first at index {}). NaN comes from exp overflowing (inf / inf: subtract the max before exp) or from a row that sees no key (exp(-inf - (-inf)), 0 / 0: such a row must give out = 0 and lse = -inf).':
+        '{}：{} 里有 NaN（第一个在下标 {}）。NaN 来自 exp 溢出（inf / inf：exp 之前先减去最大值），或者来自看不到任何 key 的行（exp(-inf - (-inf))，0 / 0：这样的行必须得到 out = 0、lse = -inf）。',
+    ' It looks transposed: lse is [b, s, n_heads] in this course (the layout of q without head_dim); flash-attn and SDPA use [b, n_heads, s].':
+        '看起来是转置了：本课程中 lse 是 [b, s, n_heads]（q 去掉 head_dim 后的布局）；flash-attn 和 SDPA 用的是 [b, n_heads, s]。',
+    '{}{} returned {}; expected a pair (out, lse) of tensors':
+        '{}{} 返回了 {}；期望一对张量 (out, lse)',
+    '{}{}: out has shape {}, expected {}':
+        '{}{}：out 的形状是 {}，期望 {}',
+    '{}{}: lse has shape {}, expected {} [b, s, n_heads].{}':
+        '{}{}：lse 的形状是 {}，期望 {} [b, s, n_heads]。{}',
+    'check parameters: no query is fully masked; choose k_offset > q_offset':
+        '检查参数：没有任何 query 被完全 mask；请选 k_offset > q_offset',
+    ' (queries {} see no key)':
+        '（query {} 看不到任何 key）',
+    '{}: out does not require grad (the autograd graph was cut: detach(), .data or torch.no_grad()?); Ulysses back-propagates through it':
+        '{}：out 不需要 grad（autograd 计算图被切断了：detach()、.data 还是 torch.no_grad()？）；Ulysses 要通过它做反向传播',
+    'merge_attention over key blocks {} merged in the order {}, q {}, {}':
+        'merge_attention，key 块 {}，按 {} 的顺序合并，q {}，{}',
+    'check parameters: the largest lse is {}; raise logit_scale':
+        '检查参数：最大的 lse 是 {}；请调大 logit_scale',
+    'merge_attention of two key blocks, float64 logits with lse up to {} (> 709: exp(lse) overflows), merged in the order {}':
+        '两个 key 块的 merge_attention，float64 logits，lse 最大到 {}（> 709：exp(lse) 会溢出），按 {} 的顺序合并',
+    'merge_attention of causal key blocks [0, 3), [3, 6), [6, 9) for queries at positions 0..5 (rows with no visible key: lse = -inf), starting from the empty state (out 0, lse -inf), merged in the order {}':
+        '位置 0..5 上的 query 对 causal key 块 [0, 3)、[3, 6)、[6, 9) 的 merge_attention（看不到任何 key 的行：lse = -inf），从空状态（out 0，lse -inf）开始，按 {} 的顺序合并',
+    'merge_attention of two blocks whose every row is fully masked':
+        '两个每一行都被完全 mask 的块的 merge_attention',
+    'rank {} ({}): unexpected collective(s) in {}: ring attention moves K/V (and dK/dV) by P2P only (batch_isend_irecv). Communication of rank {} in {}:':
+        'rank {}（{}）：{} 中有意外的集合通信：ring attention 只用 P2P（batch_isend_irecv）传递 K/V（以及 dK/dV）。rank {} 在 {} 中的通信：',
+    'rank {} ({}): expected {} {}(s) in {}, saw {}. Communication of rank {} in {}:':
+        'rank {}（{}）：{4} 中期望 {2} 次 {3}，实际 {5} 次。rank {6} 在 {7} 中的通信：',
+    'from the previous rank':
+        '从上一个 rank 来',
+    'to the next rank':
+        '发往下一个 rank',
+    'rank {} ({}): a {} with group rank {} in {}; blocks travel {}, group rank {} = ({} {} 1) mod {}. (Peers are ranks of the CP group: group_peer=, not global ranks.)':
+        'rank {}（{}）：与组内 rank {3} 的一次 {2}（{4}）；块应{5}，即组内 rank {6} = ({7} {8} 1) mod {9}。（对方是 CP 组中的 rank：group_peer=，不是全局 rank。）',
+    'rank {} ({}): a {} of {} {} in {}; expected blocks of {} {} (K and V sent as separate tensors).':
+        'rank {}（{}）：{5} 中有一次 {3} {4} 的 {2}；期望 {6} {7} 的块（K 和 V 作为两个张量分别发送）。',
+    'check parameters: world_size ({}) must be a multiple of cp_size ({})':
+        '检查参数：world_size（{}）必须是 cp_size（{}）的整数倍',
+    '{}: the ranks did not finish. In a ring every receive needs a matching send: each rank sends to (rank + 1) % w and receives from (rank - 1) % w (group ranks), posted together (batch_isend_irecv) and waited after. A blocking dist.send, or a receive from the wrong side, hangs at w >= 3 (at w = 2 both neighbours are the same rank).':
+        '{}：各 rank 没有结束。环上每个 receive 都需要一个匹配的 send：每个 rank 发给 (rank + 1) % w，从 (rank - 1) % w 接收（组内 rank），两者一起发起（batch_isend_irecv），之后再等待。阻塞的 dist.send，或者从错误的一侧接收，在 w >= 3 时会卡住（w = 2 时两个邻居是同一个 rank）。',
+    'rank {}: {} returned an out that does not require grad (the autograd Function was bypassed?)':
+        'rank {}：{} 返回的 out 不需要 grad（绕过了 autograd Function？）',
+    'check parameters: seq ({}) must be divisible by {} for the {} layout':
+        '检查参数：{} 布局要求 seq（{}）能被 {} 整除',
+    ', CP groups {} of a world of {}':
+        '，CP 组 {}（world 大小为 {}）',
+    '{}(q, k, v{}) on {} shards, CP size {}{}, [b, s, n, d] = [{}, {}, {}, {}], {}':
+        '{}(q, k, v{})，{} shard，CP 大小 {}{}，[b, s, n, d] = [{}, {}, {}, {}]，{}',
+    '{}, group rank {} (positions {})':
+        '{}，组内 rank {}（位置 {}）',
+    '{}: forward sends K and V, 2(w - 1) = {} sends':
+        '{}：前向发送 K 和 V，2(w - 1) = {} 次 send',
+    '{}: backward sends K/V again, 2(w - 1) = {}, and the dK/dV accumulators home, 2w = {} (a full turn) or 2(w - 1) = {}':
+        '{}：反向再发送一次 K/V，2(w - 1) = {} 次，并把 dK/dV 累加器送回家，2w = {} 次（整整一圈）或 2(w - 1) = {} 次',
+    "rank {}: {}, group rank {}: {} FLOPs in {}, more than (r + 1) / w = {}/{} of the last group rank's {}. With the causal mask the queries of group rank {} see only the keys of group ranks 0..{}: the K/V blocks of later ranks are fully masked, skip them instead of computing them (FlopCounterMode counts a masked block as full work). FLOPs per group rank in {}: {}.":
+        'rank {}：{}，组内 rank {}：{4} 中 {3} FLOPs，超过了最后一个组内 rank 的 {7} 的 (r + 1) / w = {5}/{6}。有 causal mask 时，组内 rank {8} 的 query 只能看到组内 rank 0..{9} 的 key：后面各 rank 的 K/V 块被完全 mask，应当跳过，而不是计算它们（FlopCounterMode 把被 mask 的块也算作完整的工作量）。{10} 中每个组内 rank 的 FLOPs：{11}。',
+    'Forward of rank {}, in order (compute ops with FLOPs only):':
+        'rank {} 的前向，按顺序（只列出有 FLOPs 的计算 op）：',
+    'rank {} ({}): no matmul was traced in forward: compute attention with explicit matmuls (torch.matmul / einsum in attention_with_lse).':
+        'rank {}（{}）：前向中没有记录到任何 matmul：请用显式的 matmul 计算 attention（在 attention_with_lse 中用 torch.matmul / einsum）。',
+    'rank {} ({}): expected {} ring transfers in forward (one batch of posts per step but the last: send K and V to the next rank, receive the next K and V, with no attention and no wait between them), saw {} batch(es) of sends/receives.':
+        'rank {}（{}）：前向中期望 {} 次环上传输（除最后一步外每步一批发起：把 K 和 V 发给下一个 rank，接收下一块 K 和 V，中间没有 attention 也没有等待），实际 {} 批 send/receive。',
+    'rank {} ({}): transfer {} was never waited for (call .wait() on every work handle before using the received blocks).':
+        'rank {}（{}）：传输 {} 从没被等待（使用收到的块之前，对每个 work handle 调用 .wait()）。',
+    'rank {} ({}): nothing was computed while transfer {} was in flight (between its posts, #{}-#{}, and the next wait, #{}). Post the next transfer first, then compute the block you hold, then wait.':
+        'rank {}（{}）：传输 {} 进行中（从它的发起 #{}-#{} 到下一次等待 #{} 之间）没有做任何计算。先发起下一次传输，再计算手上的块，然后等待。',
+    'attention_block_backward(q {}, keys {}..{}, causal={}, q_offset=0, k_offset={}) with the final out and lse, {}':
+        'attention_block_backward(q {}, keys {}..{}, causal={}, q_offset=0, k_offset={})，用最终的 out 和 lse，{}',
+    '{}: dk (keys {}..{} of the full k.grad)':
+        '{}：dk（完整 k.grad 的 key {}..{}）',
+    '{}: dv (keys {}..{} of the full v.grad)':
+        '{}：dv（完整 v.grad 的 key {}..{}）',
+    '{}: dq has shape {}, expected {}':
+        '{}：dq 的形状是 {}，期望 {}',
+    "the sum of the blocks' dq over key blocks {} (the full q.grad)":
+        'key 块 {} 上各块 dq 的和（完整的 q.grad）',
+    '{} returned {}; expected a tuple (dq, dk, dv) of tensors':
+        '{} 返回了 {}；期望一个由张量组成的 tuple (dq, dk, dv)',
+    '{} returned {}, expected a tensor of shape {}':
+        '{} 返回了 {}，期望一个形状为 {} 的张量',
+    '{}: the shard holds positions {}, expected {} (chunks {} and {} of {}, in that order)':
+        '{}：shard 持有的位置是 {0}，期望 {1}（{4} 块中的第 {2} 块和第 {3} 块，按这个顺序）',
+    '{}: expected ValueError (length {} is not divisible by 2w = {}), nothing was raised':
+        '{}：期望 ValueError（长度 {} 不能被 2w = {} 整除），实际什么也没有抛出',
+    '{}: expected ValueError (length {} is not divisible by 2w = {}), got {}: {}':
+        '{}：期望 ValueError（长度 {} 不能被 2w = {} 整除），实际是 {}：{}',
+    '{}: the ValueError should name the sequence length ({}) and 2 * cp_size ({}); its message was {}':
+        '{}：ValueError 应该指出序列长度（{}）和 2 * cp_size（{}）；它的消息是 {}',
+    'check parameters: seq ({}) must be divisible by 2 * world_size ({})':
+        '检查参数：seq（{}）必须能被 2 * world_size（{}）整除',
+    'causal ring attention, contiguous and zigzag, world size {}':
+        'causal ring attention，连续布局和 zigzag，world size {}',
+    'FLOPs per rank in {} (FlopCounterMode): contiguous {}, zigzag {}':
+        '{} 中每个 rank 的 FLOPs（FlopCounterMode）：连续布局 {}，zigzag {}',
+    '{}, {}: rank(s) {} counted no FLOPs in {}. FlopCounterMode counts matmuls (mm, bmm); F.scaled_dot_product_attention counts 0 on CPU: compute attention with explicit matmuls. {}':
+        '{}，{}：rank {} 在 {} 中没有计到任何 FLOPs。FlopCounterMode 计的是 matmul（mm、bmm）；F.scaled_dot_product_attention 在 CPU 上计为 0：请用显式的 matmul 计算 attention。{}',
+    'zigzag_ring_attention, {}: unequal work in {}: rank {} does {} FLOPs, rank {} {}. {}':
+        'zigzag_ring_attention，{}：{} 中工作量不均：rank {} 做了 {} FLOPs，rank {} 做了 {}。{}',
+    "zigzag_ring_attention, {}: its busiest rank ({} FLOPs in {}) is not below the contiguous layout's ({}): skip the fully masked blocks and compute only the visible half of the others. {}":
+        'zigzag_ring_attention，{}：它最忙的 rank（{2} 中 {1} FLOPs）并不比连续布局的（{3}）少：跳过完全被 mask 的块，其他块只计算可见的那一半。{4}',
+    'rank {}: seq_all_to_all(x {}, scatter_dim={}, gather_dim={}) returned {}, expected {}':
+        'rank {}：seq_all_to_all(x {}, scatter_dim={}, gather_dim={}) 返回了 {}，期望 {}',
+    'rank {}: the backward of seq_all_to_all(x {}, scatter_dim={}, gather_dim={}) returned a gradient that does not fit x: {}. Backward is the INVERSE all-to-all (scatter and gather dims swapped).':
+        'rank {}：seq_all_to_all(x {}, scatter_dim={}, gather_dim={}) 的反向返回的梯度与 x 不匹配：{}。反向是逆向（INVERSE）的 all-to-all（scatter 和 gather 的维度对调）。',
+    'rank {} ({}): expected {} all_to_all of {} elements in {} and nothing else, saw {} (and {} other op(s)). Communication of rank {}:':
+        'rank {}（{}）：{4} 中期望 {2} 次 {3} 个元素的 all_to_all，别无其他；实际 {5} 次（另有 {6} 个其他 op）。rank {7} 的通信：',
+    '{}: input gradient (the inverse all-to-all)':
+        '{}：输入梯度（逆向的 all-to-all）',
+    'rank {}: ulysses_attention returned a {}; it returns out only':
+        'rank {}：ulysses_attention 返回了一个 {}；它只返回 out',
+    "rank {}: ulysses_attention returned {}, expected {} (the rank's sequence shard, all heads)":
+        'rank {}：ulysses_attention 返回了 {}，期望 {}（本 rank 的序列 shard，所有 head）',
+    'check parameters: seq ({}) must be divisible by world_size ({})':
+        '检查参数：seq（{}）必须能被 world_size（{}）整除',
+    '{}: q, k, v and out, each [b, s/w, n, d] <-> [b, s, n/w, d]':
+        '{}：q、k、v 和 out，各自 [b, s/w, n, d] <-> [b, s, n/w, d]',
+    'ulysses_attention with 3 heads on {} ranks':
+        'ulysses_attention，3 个 head，{} 个 rank',
+    'seq_all_to_all of [2, 4, 3, 2] with scatter_dim=2 (3) on {} ranks':
+        '对 [2, 4, 3, 2] 做 seq_all_to_all，scatter_dim=2（3），{} 个 rank',
+    'seq_all_to_all with cp_group=0 (a rank, not a ProcessGroup)':
+        'seq_all_to_all，cp_group=0（这是一个 rank，不是 ProcessGroup）',
 }
 
 ZH = {**RUNTIME, **CHECKS}
