@@ -106,15 +106,16 @@ def phrase_pattern(key: str, value: str) -> tuple[re.Pattern, list]:
     and the index of each field of the match it places).
 
     A field at the very start or end of a key is the text around the phrase when the translation starts, or
-    ends, with a field there too: it is not part of the match and stays where it is. Otherwise the translation
-    moves it, and it is matched as one word, number or `[shape]`. The translation's `{}` are the fields of the
-    match in the English order; `{0}`, `{1}` name them."""
+    ends, with a plain `{}` there too: it is not part of the match and stays where it is. Otherwise the
+    translation moves it, and it is matched as one word, number or `[shape]`. The translation's `{}` are the
+    fields of the match in the English order; `{0}`, `{1}` name them (counted without the fields kept in place)."""
     pieces = _pieces(key)
     items = _value_items(value)
     lead = bool(pieces) and pieces[0] is None
     trail = len(pieces) > 1 and pieces[-1] is None
-    lead_kept = lead and bool(items) and not isinstance(items[0], str)
-    trail_kept = trail and len(items) > 1 and not isinstance(items[-1], str)
+    # kept in place: the translation starts (ends) with a plain `{}` there; `{1}` there is a field it moves
+    lead_kept = lead and bool(items) and items[0] is None
+    trail_kept = trail and len(items) > 1 and items[-1] is None
     if lead_kept:
         pieces, items = pieces[1:], items[1:]
     if trail_kept:

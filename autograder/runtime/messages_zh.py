@@ -820,6 +820,236 @@ CHECKS: dict[str, str] = {
         '对 [2, 4, 3, 2] 做 seq_all_to_all，scatter_dim=2（3），{} 个 rank',
     'seq_all_to_all with cp_group=0 (a rank, not a ProcessGroup)':
         'seq_all_to_all，cp_group=0（这是一个 rank，不是 ProcessGroup）',
+    # checks/expert_parallel.py
+    'world_size ({}) must be a multiple of ep_size ({})':
+        'world_size（{}）必须是 ep_size（{}）的整数倍',
+    '{}: expected a tensor of shape {}, got {}':
+        '{}：期望一个形状为 {} 的张量，实际是 {}',
+    '{} does not require grad: the autograd graph was cut (detach(), .data, torch.no_grad() or a tensor rebuilt from numbers?)':
+        '{} 不需要 grad：autograd 计算图被切断了（detach()、.data、torch.no_grad()，还是由数字重新构造的张量？）',
+    '{}{} must return a tuple of {}, got {}':
+        '{}{} 必须返回由 {} 组成的 tuple，实际是 {}',
+    'rank(s) {} returned from the rank program without calling it':
+        'rank {} 没有调用它就从 rank 程序返回了',
+    'rank {}: {}: {}. Every rank of the group must call the same all-to-alls in the same order, also a rank that sends or receives nothing.':
+        'rank {}：{}：{}。组里的每个 rank 都必须按相同的顺序调用相同的 all-to-all，什么也不发送或接收的 rank 也一样。',
+    'all-to-all number {} that this rank issued on the group of ranks {}':
+        '本 rank 在由 rank {1} 组成的组上发起的第 {0} 次 all-to-all',
+    'rank {}: {}: needs {} input and {} output split sizes (one per rank), got input_split_sizes {}, output_split_sizes {} for {} input rows':
+        'rank {}：{}：需要 {} 个输入 split 大小和 {} 个输出 split 大小（每个 rank 一个），实际是 input_split_sizes {}、output_split_sizes {}，输入有 {} 行',
+    'rank {}: {}: input_split_sizes {} sum to {}, but the input has {} rows':
+        'rank {}：{}：input_split_sizes {} 的和是 {}，但输入有 {} 行',
+    '. In backward the gradient of the output goes back to where it came from: the same all-to-all with the splits swapped':
+        '。反向时输出的梯度要回到它来的地方：同一个 all-to-all，split 对调',
+    'rank {}: {}: output_split_sizes {} sum to {}, but the output buffer has {} rows':
+        'rank {}：{}：output_split_sizes {} 的和是 {}，但输出 buffer 有 {} 行',
+    '{}: rank {} expects {} row(s) from rank {} (its output_split_sizes[{}] = {}), but rank {} sends it {} (its input_split_sizes[{}] = {}). What rank i sends to rank j must be what rank j expects from rank i: exchange the token counts first, then pass output_split_sizes = rows received from each rank, input_split_sizes = rows sent to each rank. Splits: ':
+        '{}：rank {} 期望从 rank {2} 收到 {1} 行（它的 output_split_sizes[{3}] = {4}），但 rank {5} 发给它 {6} 行（它的 input_split_sizes[{7}] = {8}）。rank i 发给 rank j 的必须正是 rank j 期望从 rank i 收到的：先交换 token 计数，再传 output_split_sizes = 从每个 rank 收到的行数，input_split_sizes = 发给每个 rank 的行数。各 split：',
+    '{}: rank {} sends rows of shape {} {}, rank {} rows of shape {} {}: every rank must exchange rows of one shape and dtype.':
+        '{}：rank {} 发送的行形状为 {} {}，rank {} 的行形状为 {} {}：每个 rank 交换的行必须是同一形状、同一 dtype。',
+    'k ({}) must be in [1, num_experts = {}]':
+        'k（{}）必须在 [1, num_experts = {}] 之内',
+    "{}: token {} is routed to experts {}, expected {} (its logits {}: the k largest, ties toward the lower expert index; torch.topk's tie order is undefined, a stable sort is not)":
+        '{}：token {} 被路由到 expert {}，期望 {}（它的 logits {}：取最大的 k 个，相等时取 expert 下标较小的；torch.topk 对相等值的顺序是未定义的，稳定排序则不是）',
+    '{}: probs (softmax over the selected logits, 0 elsewhere)':
+        '{}：probs（在选中的 logits 上做 softmax，其余为 0）',
+    '{}: the logits were modified in place':
+        '{}：logits 被原地修改了',
+    '{}: probs does not require grad: the router weight would get no gradient through the probabilities (detach(), .data, or a tensor rebuilt from indices?)':
+        '{}：probs 不需要 grad：router 的权重将无法通过概率得到梯度（detach()、.data，还是由下标重新构造的张量？）',
+    '{}: probs does not depend on the logits in the autograd graph':
+        '{}：在 autograd 计算图里 probs 不依赖 logits',
+    '{}: gradient of the logits through probs':
+        '{}：经过 probs 的 logits 梯度',
+    'k ({}) must be in [1, num_experts = {}) (one expert gets none)':
+        'k（{}）必须在 [1, num_experts = {}) 之内（有一个 expert 一个也拿不到）',
+    'load_balancing_loss(logits [{}, {}] {}, a routing map with k={}; counts per expert {})':
+        'load_balancing_loss(logits [{}, {}] {}，k={} 的路由表；每个 expert 的计数 {})',
+    '{}: gradient of the logits':
+        '{}：logits 的梯度',
+    'k ({}) must be below num_experts ({}): one expert gets none':
+        'k（{}）必须小于 num_experts（{}）：有一个 expert 一个也拿不到',
+    '{}: sorted_indices has dtype {}, expected int64':
+        '{}：sorted_indices 的 dtype 是 {}，期望 int64',
+    '{}: sorted_indices[{}] is token {}, expected token {}. Row {} is row {} of expert {}, whose tokens are {}...: rows are grouped by expert (0, 1, ...), and within an expert the tokens stay in order (sort stably).':
+        '{}：sorted_indices[{}] 是 token {}，期望 token {}。第 {} 行是 expert {5} 的第 {4} 行，它的 token 是 {6}...：各行按 expert（0, 1, ...）分组，同一 expert 内 token 保持原有顺序（用稳定排序）。',
+    '{}: permuted does not require grad: the autograd graph was cut (detach(), .data, torch.no_grad() or a tensor rebuilt from numbers?)':
+        '{}：permuted 不需要 grad：autograd 计算图被切断了（detach()、.data、torch.no_grad()，还是由数字重新构造的张量？）',
+    '{}: permuted rows (token sorted_indices[i] in row i)':
+        '{}：permute 后的行（第 i 行是 token sorted_indices[i]）',
+    "{}: gradient of the tokens (the sum of their rows' gradients)":
+        '{}：token 的梯度（它们各行梯度之和）',
+    'unpermute({} rows of {} {}, routing_map [{}, {}])':
+        'unpermute({} 行 {} {}，routing_map [{}, {}])',
+    '{}: the output does not require grad: the autograd graph was cut (detach(), .data, torch.no_grad() or a tensor rebuilt from numbers?)':
+        '{}：输出不需要 grad：autograd 计算图被切断了（detach()、.data、torch.no_grad()，还是由数字重新构造的张量？）',
+    "{}: output (each token's rows summed":
+        '{}：输出（每个 token 的各行求和',
+    ', weighted by probs[token, expert])':
+        '，按 probs[token, expert] 加权）',
+    '{}: gradient of the permuted rows':
+        '{}：permute 后各行的梯度',
+    '{}: gradient of probs':
+        '{}：probs 的梯度',
+    '{}: round trip unpermute(permute(x)) with probs = 1 (x times its number of experts)':
+        '{}：往返 unpermute(permute(x))，probs = 1（x 乘以它的 expert 个数）',
+    'num_experts ({}) must be divisible by {}':
+        'num_experts（{}）必须能被 {} 整除',
+    '{}: output (the blocks received from ranks 0, 1, ...)':
+        '{}：输出（从 rank 0, 1, ... 收到的各块）',
+    '{}; a group of size 1 communicates nothing':
+        '{}；组大小为 1 时不做任何通信',
+    'the backward is the same all-to-all with the splits swapped':
+        '反向是 split 对调后的同一个 all-to-all',
+    'all_to_all of {} {} with splits in {} out {}':
+        '{} {} 的 all_to_all，split 为 in {} out {}',
+    'rank {} ({}): expected in {}: {}':
+        'rank {}（{}）：{} 中期望：{}',
+    '. Communication of rank {}:':
+        '。rank {} 的通信：',
+    'MoELayer with 5 experts on 2 ranks':
+        'MoELayer，5 个 expert，2 个 rank',
+    'MoELayer with a router weight of shape [3, 4] (must be [num_experts, hidden_size] = [4, 3])':
+        'MoELayer，router 权重形状为 [3, 4]（必须是 [num_experts, hidden_size] = [4, 3]）',
+    'AllToAllTokenDispatcher(5 experts) on 2 ranks':
+        'AllToAllTokenDispatcher(5 个 expert)，2 个 rank',
+    'AllToAllTokenDispatcher(4 experts).dispatch with a routing map of 6 experts':
+        'AllToAllTokenDispatcher(4 个 expert).dispatch，路由表却有 6 个 expert',
+    'all_to_all(x [5, 2], input_split_sizes=[2, 2]): the splits sum to 4, not 5':
+        'all_to_all(x [5, 2], input_split_sizes=[2, 2])：split 的和是 4，不是 5',
+    'all_to_all with 3 input split sizes on a group of 2':
+        'all_to_all，3 个输入 split 大小，组大小却是 2',
+    'topk_router(logits [4, 3], k=4): k larger than the number of experts':
+        'topk_router(logits [4, 3], k=4)：k 大于 expert 的个数',
+    '{}: {} experts, k={}, world size {}':
+        '{}：{} 个 expert，k={}，world size {}',
+    ', {} tokens of {} {} per rank, pattern {}':
+        '，每个 rank {} 个 {} {} 的 token，模式 {}',
+    'token {} of rank {}':
+        'rank {1} 的 token {0}',
+    'a row that is no token (columns 0, 1 = {}, {})':
+        '一行不是任何 token 的数据（第 0、1 列 = {}, {}）',
+    'rank {} ({}): expert_input row {} is {}, expected token {} of rank {} (for global expert {}, local expert {}). Rows are grouped by local expert (0, 1, ...), within an expert by source rank, then by token index.':
+        'rank {0}（{1}）：expert_input 的第 {2} 行是 {3}，期望 rank {5} 的 token {4}（对应全局 expert {6}，本地 expert {7}）。各行先按本地 expert（0, 1, ...）分组，同一 expert 内按源 rank，再按 token 下标排列。',
+    '{}: tokens_per_local_expert (tokens each local expert receives from all ranks)':
+        '{}：tokens_per_local_expert（每个本地 expert 从所有 rank 收到的 token 数）',
+    '{}: round trip combine(dispatch(x)) with probs = 1 (x times its number of experts)':
+        '{}：往返 combine(dispatch(x))，probs = 1（x 乘以它的 expert 个数）',
+    '{}: combine output, experts computing 2 z - 1 (sum_e probs[t, e] (2 x_t - 1))':
+        '{}：combine 的输出，各 expert 计算 2 z - 1（sum_e probs[t, e] (2 x_t - 1)）',
+    '{}: gradient of the tokens':
+        '{}：token 的梯度',
+    '{}: gradient of probs (0 where a token is not routed)':
+        '{}：probs 的梯度（token 没有路由到的地方为 0）',
+    'rank {} ({}): expected the integer token counts to be exchanged once in forward, before the tokens (an all-to-all of the {} counts, or an all-gather of {} x {}); saw {} integer collective(s). Without the counts a rank cannot know how many rows to expect from each rank. {}':
+        'rank {}（{}）：期望在前向中、token 之前交换一次整数 token 计数（对 {} 个计数做 all-to-all，或对 {} x {} 做 all-gather）；实际有 {} 次整数集合通信。没有计数，rank 就不知道该从每个 rank 收多少行。{}',
+    'rank {} ({}): the count exchange should be an all-to-all of the {} counts or an all-gather of {}; saw {}. {}':
+        'rank {}（{}）：计数交换应该是对 {} 个计数的 all-to-all，或对 {} 的 all-gather；实际看到 {}。{}',
+    'rank {} ({}): unexpected communication in forward: {}. {}':
+        'rank {}（{}）：前向中有意外的通信：{}。{}',
+    'rank {} ({}): expected these float all-to-alls in forward (the splits are the rows this rank sends to / receives from each rank; one more of the probabilities with the dispatch splits is allowed): {}. {}':
+        'rank {}（{}）：前向中期望这些浮点 all-to-all（split 是本 rank 发给 / 收自每个 rank 的行数；允许再多一次用 dispatch 的 split 传概率）：{}。{}',
+    'rank {} ({}): the token counts must be exchanged before the tokens: the receivers size their buffers from them. {}':
+        'rank {}（{}）：token 计数必须在 token 之前交换：接收方要按它们来确定 buffer 的大小。{}',
+    'rank {} ({}): every float all-to-all of forward must be mirrored in backward with its splits swapped (and the count exchange must not: integers carry no gradient). Expected in backward: {}. {}':
+        'rank {}（{}）：前向的每次浮点 all-to-all 在反向中都必须有 split 对调的镜像（计数交换则不能有：整数不带梯度）。反向中期望：{}。{}',
+    '{}: all-to-all #{} ({}): rank {} sends {} rows to rank {}, which expects {}: the split sizes disagree across ranks.':
+        '{}：all-to-all #{0}（{1}）：rank {2} 发给 rank {4} {3} 行，而后者期望 {5} 行：各 rank 的 split 大小不一致。',
+    'apply_router_token_dropping(probs [{}, {}] {}, k={}, capacity_factor={}): capacity {} per expert':
+        'apply_router_token_dropping(probs [{}, {}] {}, k={}, capacity_factor={})：每个 expert 的容量为 {}',
+    '{}: the kept routing map':
+        '{}：保留下来的路由表',
+    '{}: expert {} keeps tokens {}, expected {}. Its candidates (token, probability): {}: keep the {} highest probabilities, the earlier token among equal ones':
+        '{}：expert {} 保留了 token {}，期望 {}。它的候选（token，概率）：{}：保留概率最高的 {} 个，相等时保留靠前的 token',
+    " (this expert has an exact tie across its cut: sort with stable=True; torch.topk's order among equal values is undefined).":
+        '（这个 expert 在截断处恰好有相等的概率：用 stable=True 排序；torch.topk 对相等值的顺序是未定义的）。',
+    '{}: the returned probs do not require grad: the router would get no gradient through them (detach() or a tensor rebuilt from numbers?)':
+        '{}：返回的 probs 不需要 grad：router 将无法通过它们得到梯度（detach()，还是由数字重新构造的张量？）',
+    '{}: probs (kept ones unchanged, not renormalised; 0 for dropped)':
+        '{}：probs（保留的不变，不重新归一化；丢弃的为 0）',
+    '{}: gradient of probs (only where kept)':
+        '{}：probs 的梯度（只在保留的地方）',
+    'check parameters: no case of {} tokens, {} experts, k={} on {} ranks found in 200 draws (seed {}): try another seed':
+        '检查参数：{} 个 token、{} 个 expert、k={}、{} 个 rank，抽了 200 次也没找到合适的例子（seed {}）：换一个 seed',
+    'rank {}: MoELayer must hold the router as .router (with .weight [E, h]) and its {} local experts as .local_experts, a list of ExpertMLP (each with .linear_fc1 and .linear_fc2)':
+        'rank {}：MoELayer 必须把 router 存为 .router（带 .weight [E, h]），把它的 {} 个本地 expert 存为 .local_experts，一个 ExpertMLP 的列表（每个带 .linear_fc1 和 .linear_fc2）',
+    'rank {} (rank {} of its EP group {}): MoELayer.local_experts holds {} experts, expected {}: experts [{}, {}) of the {} (use the rank in ep_group, not the global rank)':
+        'rank {}（它的 EP 组 {2} 中的 rank {1}）：MoELayer.local_experts 有 {3} 个 expert，期望 {4}：{7} 个 expert 中的 [{5}, {6})（用 ep_group 中的 rank，而不是全局 rank）',
+    ', {} tokens per rank, {}, pattern {}':
+        '，每个 rank {} 个 token，{}，模式 {}',
+    'aux_loss (counts before drops)':
+        'aux_loss（按丢弃之前的计数）',
+    "router.weight.grad (this rank's tokens, through probs and aux_loss)":
+        'router.weight.grad（本 rank 的 token，经过 probs 和 aux_loss）',
+    "local_experts[{}].{}.weight.grad (global expert {}: every rank's tokens for it; zeros if none)":
+        'local_experts[{}].{}.weight.grad（全局 expert {}：每个 rank 发给它的 token；没有时为零）',
+    " The output is right but the router's gradient is not: the gradient through the probabilities is lost or wrong (probs computed from detached logits?).":
+        '输出是对的，但 router 的梯度不对：经过概率的梯度丢了或者错了（probs 是用 detach 过的 logits 算的？）。',
+    '  On rank {}, wrong: {}; right: {}.{}':
+        '  rank {} 上，不对的：{}；对的：{}。{}',
+    # checks/expert_parallel_overlap.py
+    'num_tokens ({}) must be >= 2: two halves':
+        'num_tokens（{}）必须 >= 2：要分成两半',
+    ', {} tokens per rank (halves: tokens {} and {}), {}, pattern {}':
+        '，每个 rank {} 个 token（两半：token {} 和 {}），{}，模式 {}',
+    'half {}: dispatch all_to_all of [{}, {}] with splits in {} out {}, combine [{}, {}] in {} out {}':
+        '第 {} 半：dispatch 对 [{}, {}] 做 all_to_all，split 为 in {} out {}，combine [{}, {}] in {} out {}',
+    "rank {} ({}): no integer token counts were exchanged in forward: each half's split sizes come from its counts (exchange_token_counts). {}":
+        'rank {}（{}）：前向中没有交换整数 token 计数：每一半的 split 大小都来自它的计数（exchange_token_counts）。{}',
+    " A half's splits are the rows of ITS tokens that the routing of all T tokens sends to (receives from) each rank: route, and drop with a capacity factor, over all T tokens, then cut the halves.":
+        '每一半的 split，是在全部 T 个 token 的路由下，它自己（ITS）的 token 发往（收自）每个 rank 的行数：先在全部 T 个 token 上路由、按 capacity factor 丢弃，然后再切成两半。',
+    'rank {} ({}): expected in forward, besides the integer counts, these all-to-alls of token rows (each half on its own: tokens {} and {} of this rank), in any order: {}':
+        'rank {}（{}）：前向中除了整数计数，期望还有这些 token 行的 all-to-all（每一半各自进行：本 rank 的 token {} 和 {}），顺序不限：{}',
+    'rank {} ({}): the token rows travel in {}, expected {} (the dtype of hidden_states). {}':
+        'rank {}（{}）：token 行以 {} 传输，期望 {}（hidden_states 的 dtype）。{}',
+    'rank {} ({}): every float all-to-all of forward must be mirrored once in backward with its splits swapped (the integer counts are not: they carry no gradient): expected {}. {}':
+        'rank {}（{}）：前向的每次浮点 all-to-all 在反向中都必须有一次 split 对调的镜像（整数计数不用：它们不带梯度）：期望 {}。{}',
+    'back to the source':
+        '回到源 rank',
+    'to the experts':
+        '发往 expert',
+    'back to the source: the input gradient':
+        '回到源 rank：输入梯度',
+    'to the experts: the output gradient':
+        '发往 expert：输出梯度',
+    'rank {} ({}): local expert {} was called on {} row(s) whose first is no token of any rank: the experts must receive the token rows themselves (dispatch moves rows unchanged; the probabilities are applied in combine).':
+        'rank {}（{}）：本地 expert {} 在 {} 行上被调用，而第一行不是任何 rank 的 token：expert 必须收到 token 行本身（dispatch 原样搬运各行；概率在 combine 中才乘上）。',
+    'a Work not returned by an all-to-all':
+        '一个不是 all-to-all 返回的 Work',
+    'an all-to-all of the counts or another op':
+        '一次对计数的 all-to-all，或者别的 op',
+    'token counts exchanged{}: {}':
+        '交换了 token 计数{}：{}',
+    'half {}: local experts start ({} call(s), until #{})':
+        '第 {} 半：本地 expert 开始（{} 次调用，直到 #{}）',
+    'half {}: local experts end':
+        '第 {} 半：本地 expert 结束',
+    'The {} of rank {}, in order:':
+        'rank {1} 的 {0}，按顺序：',
+    'rank {} ({}): {}: no all-to-all of {} (each half sends its own rows: its own splits). {}':
+        'rank {}（{}）：{}：没有 {} 的 all-to-all（每一半发送它自己的行：用它自己的 split）。{}',
+    "rank {} ({}): {}: no computation of the local experts on half {}'s rows was seen (call each local expert as a module on the rows, e.g. run_local_experts; in backward the experts' backward runs when the gradient of their output arrives). {}":
+        'rank {}（{}）：{}：没有看到本地 expert 在第 {} 半的行上做计算（把每个本地 expert 当作模块作用在这些行上，例如 run_local_experts；反向时，expert 输出的梯度一到，expert 的反向就会运行）。{}',
+    'rank {} ({}): {}: {} is a functional collective (torch.distributed._functional_collectives): the ledger cannot see when its AsyncCollectiveTensor is waited. Post it with dist.all_to_all_single(..., async_op=True) and call .wait() on the work it returns. {}':
+        'rank {}（{}）：{}：{} 是 functional collective（torch.distributed._functional_collectives）：账本看不到它的 AsyncCollectiveTensor 何时被等待。用 dist.all_to_all_single(..., async_op=True) 发起它，再对返回的 work 调用 .wait()。{}',
+    'rank {} ({}): {}: {} was never waited for: call .wait() on its work before using what it received. {}':
+        'rank {}（{}）：{}：{} 从没被等待：使用它收到的数据之前，对它的 work 调用 .wait()。{}',
+    "rank {} ({}): {}: {} all-to-all (#{}) was synchronous: it returned only once the rows had arrived, so half {}'s experts could not run meanwhile. Post it with dist.all_to_all_single(..., async_op=True) and wait on its work after half {}'s experts. {}":
+        'rank {}（{}）：{}：{} 的 all-to-all（#{}）是同步的：它要等各行到达才返回，于是第 {} 半的 expert 无法同时运行。用 dist.all_to_all_single(..., async_op=True) 发起它，在第 {} 半的 expert 之后再等待它的 work。{}',
+    'posted after they started':
+        '在它们开始之后才发起',
+    'waited before they ended':
+        '在它们结束之前就等待了',
+    'run their backward':
+        '做反向',
+    "rank {} ({}): {}: {} all-to-all must be in flight while half {}'s experts {} (#{} to #{}): posted before #{} and waited after #{}; it was posted at #{} and waited at #{} ({}). ":
+        'rank {}（{}）：{}：{} 的 all-to-all 必须在第 {} 半的 expert {}（#{} 到 #{}）时处于进行中：在 #{} 之前发起，在 #{} 之后等待；它在 #{} 发起，在 #{} 等待（{}）。',
+    "Post both halves' {} all-to-alls first, then wait for half {}'s only; post half {}'s {} as soon as its experts are done, and wait for it after half {}'s experts.":
+        '先发起两半的 {} all-to-all，然后只等待第 {} 半的；第 {} 半的 expert 一做完就发起它的 {}，在第 {} 半的 expert 之后再等待它。',
+    "In backward the same schedule runs in mirror: post both halves' {} all-to-alls, wait for one, run that half's experts' backward (torch.autograd.backward on its outputs), post its {} at once, then the other half.":
+        '反向按镜像运行同样的调度：发起两半的 {} all-to-all，等待其中一个，运行那一半 expert 的反向（对它的输出调用 torch.autograd.backward），立即发起它的 {}，然后处理另一半。',
+    'rank ({}) must be in [0, {})':
+        'rank（{}）必须在 [0, {}) 之内',
 }
 
 ZH = {**RUNTIME, **CHECKS}
