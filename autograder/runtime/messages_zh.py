@@ -1050,6 +1050,161 @@ CHECKS: dict[str, str] = {
         '反向按镜像运行同样的调度：发起两半的 {} all-to-all，等待其中一个，运行那一半 expert 的反向（对它的输出调用 torch.autograd.backward），立即发起它的 {}，然后处理另一半。',
     'rank ({}) must be in [0, {})':
         'rank（{}）必须在 [0, {}) 之内',
+    # checks/composition.py
+    '{}: a torch.distributed collective was called on a DTensor ({}). Under TP and FSDP parameters and gradients are DTensors: communicate their local shards, `dist.all_reduce(grad.to_local(), ...)`.':
+        '{}：对一个 DTensor 调用了 torch.distributed 的集合通信（{}）。在 TP 和 FSDP 下，参数和梯度都是 DTensor：应当传输它们的本地 shard，`dist.all_reduce(grad.to_local(), ...)`。',
+    '{}: layout[{}] must be a list of rank lists, got {}':
+        '{}：layout[{}] 必须是由 rank 列表组成的列表，实际是 {}',
+    '{}: layout[{}] holds a group with non-int ranks: {}':
+        '{}：layout[{}] 中有一个组的 rank 不是 int：{}',
+    '{} returned {}, expected a dict {{name: [[ranks], ...]}}':
+        '{} 返回了 {}，期望一个 dict {{name: [[ranks], ...]}}',
+    '{}: no key(s) {}; returned keys: {}':
+        '{}：没有键 {}；返回的键：{}',
+    'the same groups, in another order: list the groups, and the ranks inside each group, with the innermost dimension varying fastest':
+        '组是一样的，但顺序不同：列出各组以及每组内的 rank 时，让最内层的维度变化最快',
+    '{} group(s) of size(s) {}; expected {} of size {}':
+        '{} 个组，大小为 {}；期望 {} 个大小为 {} 的组',
+    'different ranks in the groups':
+        '组里的 rank 不同',
+    '  first difference at group {}: expected {}, got {}':
+        '  第一处不同在组 {}：期望 {}，实际 {}',
+    '{}: expected a ValueError naming {} (these sizes and order cannot be laid out as Megatron does), got a {}':
+        '{}：期望一个指出 {} 的 ValueError（这些大小和 order 无法像 Megatron 那样排布），实际是 {}',
+    '{} raised {}: {}; expected a ValueError naming the sizes':
+        '{} 抛出了 {}：{}；期望一个指出相关大小的 ValueError',
+    '{} raised ValueError({}), which does not name {}: say which sizes do not fit':
+        '{} 抛出了 ValueError({})，但没有指出 {}：请说明哪些大小对不上',
+    'rank {}: build_process_groups returned {}, expected a dict':
+        'rank {}：build_process_groups 返回了 {}，期望一个 dict',
+    'rank {}: build_process_groups()[{}] is a {}, expected a torch.distributed.ProcessGroup':
+        'rank {}：build_process_groups()[{}] 是 {}，期望 torch.distributed.ProcessGroup',
+    'rank {}: layout[{}] has no group containing rank {}, yet build_process_groups returned one with ranks {}':
+        'rank {}：layout[{}] 中没有包含 rank {} 的组，build_process_groups 却返回了一个由 rank {} 组成的组',
+    'rank {}: build_process_groups()[{}] is missing; expected the group {}':
+        'rank {}：缺少 build_process_groups()[{}]；期望组 {}',
+    "rank {}: build_process_groups()[{}] has ranks {}, expected {} (this rank's group of layout[{}])":
+        'rank {}：build_process_groups()[{}] 的 rank 是 {}，期望 {}（本 rank 在 layout[{}] 中的组）',
+    'rank {}: an all-reduce over build_process_groups()[{}] summed to {}, expected {} (the sum of its ranks {})':
+        'rank {}：在 build_process_groups()[{}] 上 all-reduce 的和是 {}，期望 {}（它的 rank {} 之和）',
+    'rank {}: {} returned a {}, expected a DeviceMesh':
+        'rank {}：{} 返回了 {}，期望一个 DeviceMesh',
+    "rank {}: {} has dimensions {} (shape {}); expected {}: the order's tokens reversed, because a DeviceMesh's last dimension is the innermost (adjacent ranks)":
+        'rank {}：{} 的维度是 {}（形状 {}）；期望 {}：order 中维度名的倒序，因为 DeviceMesh 的最后一个维度是最内层（相邻的 rank）',
+    "rank {}: {}[{}] spans ranks {}, expected {} (rank_layout's {} group of rank {}, order {})":
+        'rank {}：{}[{}] 覆盖的 rank 是 {}，期望 {}（rank_layout 中 rank {6} 的 {5} 组，order {7}）',
+    "rank {}: local_batch returned {} {}; expected a dict with keys 'tokens', 'labels', 'positions'":
+        "rank {}：local_batch 返回了 {} {}；期望一个键为 'tokens'、'labels'、'positions' 的 dict",
+    'rank {} (mesh coordinates {})':
+        'rank {}（mesh 坐标 {}）',
+    '{}: positions {}, expected {} (CP rank {} of {} keeps sequence chunks {} and {} of {})':
+        '{}：positions 是 {}，期望 {}（{3} 个 CP rank 中的第 {2} 个保留 {6} 块序列中的第 {4} 块和第 {5} 块）',
+    '{}: {} has shape {}, expected {} ([B/dp, S/cp] = [{}/{}, {}/{}])':
+        '{}：{} 的形状是 {}，期望 {}（[B/dp, S/cp] = [{}/{}, {}/{}]）',
+    'its first row is global row {}, expected row {} (DP rank {} of {}: rows {}..{}; use the DP coordinate, not the global rank)':
+        '它的第一行是全局的第 {} 行，期望第 {} 行（{3} 个 DP rank 中的第 {2} 个：第 {4}..{5} 行；用 DP 坐标，而不是全局 rank）',
+    "the values are not the global batch's at these rows and positions":
+        '这些值不是全局 batch 在这些行和位置上的值',
+    'rank {} ({}): after apply_tensor_parallel, model.output.weight is not model.tok_embeddings.weight: parallelize_module replaced both by new DTensor Parameters and so untied them; tie them again (model.output.weight = model.tok_embeddings.weight)':
+        'rank {}（{}）：apply_tensor_parallel 之后 model.output.weight 不是 model.tok_embeddings.weight：parallelize_module 把两者都换成了新的 DTensor Parameter，于是解开了 tie；请重新 tie 起来（model.output.weight = model.tok_embeddings.weight）',
+    'rank {} ({}): {} is a plain tensor, expected a DTensor with placement {} on the TP mesh (is its module in the plan? norms need SequenceParallel())':
+        'rank {}（{}）：{} 是普通张量，期望 TP mesh 上 placement 为 {} 的 DTensor（它的模块在方案里吗？norm 需要 SequenceParallel()）',
+    'rank {} ({}): {} has placement {}, expected ({},): column-parallel (q, k, v, w1, w3; the vocabulary-sharded embedding and head) is Shard(0) of the [out, in] weight, row-parallel (wo, w2) Shard(1)':
+        'rank {}（{}）：{} 的 placement 是 {}，期望 ({},)：按列并行（q、k、v、w1、w3；按词表切分的 embedding 和 head）是 [out, in] 权重的 Shard(0)，按行并行（wo、w2）是 Shard(1)',
+    'rank {} ({}): the model returned a {}; expected the logits as a DTensor sharded over the vocabulary (ColwiseParallel(..., output_layouts=Shard(-1), use_local_output=False)) for loss_parallel()':
+        'rank {}（{}）：模型返回了 {}；期望 logits 是按词表切分的 DTensor（ColwiseParallel(..., output_layouts=Shard(-1), use_local_output=False)），交给 loss_parallel()',
+    "rank {} ({}): forward all-reduced an activation {} time(s) ({}): with sequence parallelism the only forward all-reduces are the loss's, per token; a row-parallel output is reduce-scattered along the sequence (RowwiseParallel(output_layouts=Shard(1))), a column-parallel one stays sharded. Communication of rank {}:":
+        'rank {}（{}）：前向对激活做了 {} 次 all-reduce（{}）：开启序列并行时，前向唯一的 all-reduce 是 loss 的，逐 token；按行并行的输出沿序列做 reduce-scatter（RowwiseParallel(output_layouts=Shard(1))），按列并行的输出保持切分。rank {} 的通信：',
+    'rank {} ({}): local_batch gave rank {} other tokens than rank {}, although both are one TP group: TP ranks must compute on the same data (slice by the DP coordinate, not the global rank; exercise 3)':
+        'rank {}（{}）：local_batch 给 rank {} 的 token 与 rank {} 的不同，而它们在同一个 TP 组里：TP 的各 rank 必须在相同的数据上计算（按 DP 坐标切片，而不是全局 rank；练习 3）',
+    'DP {} x TP {} (SP), {} AdamW steps, global batch [{}, {}]':
+        'DP {} x TP {}（SP），{} 步 AdamW，global batch [{}, {}]',
+    'rank {} ({}): after apply_tensor_parallel the head is not tied to the embedding any more (parallelize_module replaced both parameters): tie them again before FSDP':
+        'rank {}（{}）：apply_tensor_parallel 之后 head 不再与 embedding tie（parallelize_module 替换了这两个参数）：在 FSDP 之前重新把它们 tie 起来',
+    "rank {} ({}): parameter {} lives on mesh dimensions {}, expected both ('dp', 'tp'): TP first (apply_tensor_parallel), then FSDP over the DP dimension (apply_fsdp)":
+        "rank {}（{}）：参数 {} 位于 mesh 维度 {} 上，期望同时在 ('dp', 'tp') 上：先 TP（apply_tensor_parallel），再在 DP 维度上做 FSDP（apply_fsdp）",
+    'rank {} ({}): forward issued {} all-gather(s) of parameters on the DP group, expected {}: one per FSDP unit, i.e. fully_shard on each of the {} blocks, then on the root (embedding, final norm, head). DP-group communication of rank {}:':
+        'rank {}（{}）：前向在 DP 组上对参数发起了 {} 次 all-gather，期望 {} 次：每个 FSDP 单元一次，也就是对 {} 个 block 各调用一次 fully_shard，再对根模块（embedding、最后的 norm、head）调用。rank {} 在 DP 组上的通信：',
+    '{}: loss of step {} (mean over DP)':
+        '{}：第 {} 步的 loss（在 DP 上取平均）',
+    '{}: {} after {} steps (gathered)':
+        '{}：{1} 步之后的 {0}（gather 后）',
+    'check parameters: batch ({}) must be divisible by dp * microbatches ({} * {})':
+        '检查参数：batch（{}）必须能被 dp * microbatches（{} * {}）整除',
+    'DP {} x TP {}, {} micro-batches, global batch [{}, {}], vocab {}':
+        'DP {} x TP {}，{} 个 micro-batch，global batch [{}, {}]，词表 {}',
+    'rank {} ({}): pipeline_loss_fn on micro-batch {} returned {}, expected {}, the mean cross-entropy of its {} tokens (ratio {}). The schedule already divides the gradients by the number of micro-batches and FSDP averages over DP: the loss of one micro-batch is averaged over its own tokens only.':
+        'rank {}（{}）：pipeline_loss_fn 在 micro-batch {} 上返回了 {}，期望 {}，即它 {} 个 token 的平均交叉熵（比值 {}）。调度已经把梯度除以 micro-batch 的个数，FSDP 也会在 DP 上取平均：一个 micro-batch 的 loss 只对它自己的 token 取平均。',
+    "{}: gradient of this rank's logits shard, summed over its micro-batches (before the schedule's 1/{} and FSDP's 1/{})":
+        '{}：本 rank logits shard 的梯度，对它的各 micro-batch 求和（在调度的 1/{} 和 FSDP 的 1/{} 之前）',
+    'rank {} ({}): reduce_loss_for_logging returned {}, expected a float':
+        'rank {}（{}）：reduce_loss_for_logging 返回了 {}，期望一个 float',
+    'rank {} ({}): reduce_loss_for_logging returned {}, expected {}, the mean loss of the global batch (ratio expected/got {}: averaged more than once, or summed?). Mean over the micro-batches, then the mean over the DP group, each once.':
+        'rank {}（{}）：reduce_loss_for_logging 返回了 {}，期望 {}，即全局 batch 的平均 loss（期望值/实际值之比 {}：平均了不止一次，还是求了和？）。先在各 micro-batch 上取平均，再在 DP 组上取平均，各一次。',
+    '{}; stage {} holds no embedding':
+        '{}；stage {} 不持有 embedding',
+    "{}: stage {}'s gradient of the tied weight (expected the sum of the embedding's and the head's)":
+        '{}：stage {} 上 tied 权重的梯度（期望是 embedding 的与 head 的之和）',
+    '{}; one stage: the weight is tied in one module':
+        '{}；只有一个 stage：权重在同一个模块里 tie',
+    'rank {} ({}): expected exactly one all-reduce over the embedding group (2 ranks: the first and last stage), saw:':
+        'rank {}（{}）：期望在 embedding 组（2 个 rank：第一个和最后一个 stage）上恰好一次 all-reduce，实际看到：',
+    "rank {} ({}): returned norm {}, expected {}, the norm of the whole model's gradient. Count every distinct element once: each shard once, a piece replicated over a mesh dimension (the {} norm-scale elements, Replicate() over TP) once and not once per replica, every pipeline stage (sum the squares over pp_group), and the tied head's copy (.shared) not at all.":
+        'rank {}（{}）：返回的范数是 {}，期望 {}，即整个模型梯度的范数。每个不同的元素只算一次：每个 shard 一次，在某个 mesh 维度上复制的片段（{} 个 norm 缩放系数元素，在 TP 上 Replicate()）只算一次，而不是每个副本各一次，每个流水线 stage 都要算（在 pp_group 上对平方求和），tied head 的副本（.shared）完全不算。',
+    '{}: clipped gradient of {} (stage {})':
+        '{}：{} 裁剪后的梯度（stage {}）',
+    'check_pipeline_training: functions is missing {}':
+        'check_pipeline_training：functions 缺少 {}',
+    'PP {} x DP {} x TP {}, {} micro-batches, {} steps, clipped at {}':
+        'PP {} x DP {} x TP {}，{} 个 micro-batch，{} 步，按 {} 裁剪',
+    'rank {} ({}): pipeline_train_step returned {} on stage {}; only the last stage has the loss (return None elsewhere)':
+        'rank {0}（{1}）：pipeline_train_step 在 stage {3} 上返回了 {2}；只有最后一个 stage 才有 loss（其他地方返回 None）',
+    'rank {} ({}): pipeline_train_step returned {} on the last stage; expected the loss of the global batch as a float':
+        'rank {}（{}）：pipeline_train_step 在最后一个 stage 上返回了 {}；期望以 float 返回全局 batch 的 loss',
+    '{}: logged loss of step {}':
+        '{}：第 {} 步记录的 loss',
+    'rank {} ({}): stage {} has no parameters':
+        'rank {}（{}）：stage {} 没有参数',
+    'rank {} ({}): stage {} has a parameter {} the model does not have':
+        'rank {}（{}）：stage {} 有一个模型里没有的参数 {}',
+    "the tied head's copy on the last stage: its gradient must be summed with the embedding's (allreduce_tied_embedding_grads) before clipping":
+        '最后一个 stage 上 tied head 的副本：裁剪之前，它的梯度必须与 embedding 的梯度相加（allreduce_tied_embedding_grads）',
+    '{}: {} after {} steps (stage {})':
+        '{}：{1} 步之后的 {0}（stage {2}）',
+    'plot_rank_layout: gpus_per_node must be a positive int, got {}':
+        'plot_rank_layout：gpus_per_node 必须是正整数，实际是 {}',
+    'plot_rank_layout: layout has none of the dimensions {}: its keys are {}':
+        'plot_rank_layout：layout 中没有维度 {} 中的任何一个：它的键是 {}',
+    '{}, {}{}, micro-batch {}, seq {}, global batch {}':
+        '{}，{}{}，micro-batch {}，seq {}，global batch {}',
+    '{}: returned {}, expected a dict with keys {}':
+        '{}：返回了 {}，期望一个键为 {} 的 dict',
+    '{}: no key(s) {}; returned keys {}':
+        '{}：没有键 {}；返回的键是 {}',
+    '{}: [{}] is a {}, expected a number':
+        '{}：[{}] 是 {}，期望一个数',
+    '{}: the worst stage is {}, got {}':
+        '{}：最差的 stage 是 {}，实际是 {}',
+    '{}: expected between {} and {} GB on the worst GPU, got {}{} ({})':
+        '{}：最差的 GPU 上期望在 {} 到 {} GB 之间，实际是 {}{}（{}）',
+    '{}: returned {}, expected an autograder.lessons.planner.Plan':
+        '{}：返回了 {}，期望一个 autograder.lessons.planner.Plan',
+    '{}: {} GB on the worst GPU, expected between {} and {} GB (breakdown: ':
+        '{}：最差的 GPU 上 {} GB，期望在 {} 到 {} GB 之间（明细：',
+    '{}: feasible, yet with reasons {}':
+        '{}：标记为可行，却带有原因 {}',
+    '{}: expected a reason mentioning {}, got {}':
+        '{}：期望一条提到 {} 的原因，实际是 {}',
+    "{}: time['total'] is {}, expected a positive number of seconds":
+        "{}：time['total'] 是 {}，期望一个正的秒数",
+    "{}: mfu {}, expected {}: the model's FLOPs of the step, {} (global batch x seq x flops_per_token, no recomputation), over total seconds x GPUs x peak FLOP/s = {} x {} x {}":
+        '{}：mfu {}，期望 {}：这一步的模型 FLOPs，{}（global batch x seq x flops_per_token，不含重算），除以总秒数 x GPU 数 x 峰值 FLOP/s = {} x {} x {}',
+    '{}: expected a list of Plan, got {}':
+        '{}：期望一个 Plan 列表，实际是 {}',
+    "{}: expected the {} fastest feasible layouts, fastest first, as the course's reference planner ranks them: {}; got {}. A search that is right ranks wrong when memory_per_gpu, step_time or plan are off: check those first.":
+        '{}：期望课程参考 planner 排出的 {} 个最快的可行布局，最快的在前：{}；实际是 {}。memory_per_gpu、step_time 或 plan 有偏差时，搜索本身即使正确，排序也会错：先检查它们。',
+    '{}: returned an infeasible plan: {} ({})':
+        '{}：返回了一个不可行的方案：{}（{}）',
 }
 
 ZH = {**RUNTIME, **CHECKS}
