@@ -123,7 +123,6 @@ def phrase_pattern(key: str, value: str) -> tuple[re.Pattern, list]:
     if not any(isinstance(p, str) and p.strip() for p in pieces):
         raise ValueError(f"the key {key!r} has no text of its own")
     regex, fields = "", 0
-    opening = pieces[0] if isinstance(pieces[0], str) else (pieces[1] if len(pieces) > 1 else None)
     for i, piece in enumerate(pieces):
         if piece is None:
             if (i == 0 and lead and not lead_kept) or (i == len(pieces) - 1 and trail and not trail_kept) \
@@ -132,13 +131,7 @@ def phrase_pattern(key: str, value: str) -> tuple[re.Pattern, list]:
             elif i == len(pieces) - 1:
                 regex += "([^\n]*)"  # a field that ends the phrase (before the text after it): the rest of the line
             else:
-                # never across the text just before it, nor the phrase's first text: `{}: {} of {}` finds
-                # `rank 1: out: 3 of 12` at its last `: `, not at the first with `out: 3` as the field
-                stops = {p for p in (pieces[i - 1] if i > 0 else None, opening) if p is not None and p.strip()}
-                if stops:
-                    regex += f"((?:(?!{'|'.join(re.escape(p) for p in sorted(stops))})[^\n])*?)"
-                else:
-                    regex += _FIELD
+                regex += _FIELD
             fields += 1
         else:
             regex += re.escape(piece)
@@ -167,11 +160,14 @@ class _Phrase:
         self.regex, self.parts = phrase_pattern(key, value)
         pieces = _pieces(key)
         self.weight = sum(len(p) for p in pieces if p)
-        self.opening = pieces[0] if isinstance(pieces[0], str) else None
+        # where a match can start: the key's first text (after a field kept in place, as in `{}: {} of {}`)
+        start = 1 if pieces[0] is None and self.regex.pattern.startswith(re.escape(pieces[1] or "")) else 0
+        self.opening = pieces[start] if isinstance(pieces[start], str) else None
 
     def sub(self, text: str) -> str:
         """Each occurrence replaced; of the matches that overlap, the one that starts last (the innermost: the
-        phrase ` ({} {} in {} with ...)` in `rank 0 (ctx): ... saw 0 (2 all_reduce in ...)` starts at `(2`)."""
+        phrase ` ({} {} in {} with ...)` in `rank 0 (ctx): ... saw 0 (2 all_reduce in ...)` starts at `(2`, and
+        `{}: {} of {} elements` in `rank 1: out: 3 of 12 elements` at the second `: `)."""
         out, pos = [], 0
         while True:
             m = self.regex.search(text, pos)

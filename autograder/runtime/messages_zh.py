@@ -319,7 +319,7 @@ CHECKS: dict[str, str] = {
     'check parameters: {} ({}) must be divisible by world_size ({})':
         '检查参数：{}（{}）必须能被 world_size（{}）整除',
     'rank {} ({}): expected {} {} of {}{} in {}, saw {}. Communication of rank {}:':
-        'rank {}（{}）：{6} 中期望 {2} 次 {3}（{4}{5}），实际 {7} 次。rank {8} 的通信：',
+        'rank {}（{}）：{6} 中期望 {2} 次 {3}（{4}{5}），实际 {7}。rank {8} 的通信：',
     'rank {} ({}): unexpected communication in {} (expected only: {}); saw {} op(s). Communication of rank {}:':
         'rank {}（{}）：{} 中有意外的通信（期望只有：{}）；实际有 {} 个 op。rank {} 的通信：',
     'rank {}: {} returned {}, expected a tensor of shape {}':
@@ -1050,6 +1050,8 @@ CHECKS: dict[str, str] = {
         '反向按镜像运行同样的调度：发起两半的 {} all-to-all，等待其中一个，运行那一半 expert 的反向（对它的输出调用 torch.autograd.backward），立即发起它的 {}，然后处理另一半。',
     'rank ({}) must be in [0, {})':
         'rank（{}）必须在 [0, {}) 之内',
+    "half {}'s {}":
+        '第 {} 半的 {}',
     # checks/composition.py
     '{}: a torch.distributed collective was called on a DTensor ({}). Under TP and FSDP parameters and gradients are DTensors: communicate their local shards, `dist.all_reduce(grad.to_local(), ...)`.':
         '{}：对一个 DTensor 调用了 torch.distributed 的集合通信（{}）。在 TP 和 FSDP 下，参数和梯度都是 DTensor：应当传输它们的本地 shard，`dist.all_reduce(grad.to_local(), ...)`。',
