@@ -4,6 +4,7 @@
     python -m autograder.authoring.translations status          # which markdown cells lack a current translation
     python -m autograder.authoring.translations sync 03_pipeline_parallel   # after an English change: see below
     python -m autograder.authoring.translations language        # the language release/ is in now (en or zh)
+    python -m autograder.authoring.translations messages        # the checks' phrases without a Chinese verdict
 
 The builders (assignments/*/_build_nb.py) write English only and never know about languages.
 `NotebookBuilder.write` (nbbuild.py) hands a finished notebook to `translate_notebook` when the
@@ -414,6 +415,61 @@ def sync(root: str, assignment: str, lang: str = "zh", *, code: bool = False) ->
     return kept, todo
 
 
+# ---------------------------------------------------------------------------
+# The runtime's message catalogue (autograder/runtime/messages_zh.py) against the code's phrases
+# ---------------------------------------------------------------------------
+
+def _template(node) -> str | None:
+    """A string's or an f-string's literal text, each field `{}` and a literal brace doubled (a catalogue key)."""
+    import ast
+
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value.replace("{", "{{").replace("}", "}}")
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value.replace("{", "{{").replace("}", "}}") if isinstance(v, ast.Constant) else "{}"
+                       for v in node.values)
+    return None
+
+
+def code_phrases(root: str = PACKAGE_ROOT) -> dict[str, str]:
+    """{phrase: where} of every line of every string and f-string of autograder/runtime (its catalogue left out)
+    and autograder/checks: what a key of the message catalogue may be."""
+    import ast
+    import glob
+
+    paths = sorted(p for p in glob.glob(os.path.join(root, "autograder", "runtime", "*.py"))
+                   if not os.path.basename(p).startswith("messages"))
+    paths += sorted(glob.glob(os.path.join(root, "autograder", "checks", "*.py")))
+    out: dict[str, str] = {}
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        parts = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
+        parts |= {id(n.body[0].value) for n in ast.walk(tree)  # docstrings: never a message
+                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+                  and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            text = None if id(node) in parts else _template(node)
+            for line in (text or "").split("\n"):
+                if line:
+                    out.setdefault(line, f"{os.path.relpath(path, root)}:{node.lineno}")
+    return out
+
+
+def message_status(root: str = PACKAGE_ROOT, lang: str = "zh") -> tuple[list[str], list[str]]:
+    """(keys of the catalogue that are no phrase of the code any more, phrases of the checks and the runtime
+    with at least three English words and no translation: `file:line: 'phrase'`)."""
+    from autograder.authoring.codetext import prose_words
+    from autograder.runtime.messages import catalogue
+
+    phrases = code_phrases(root)
+    table = catalogue(lang)
+    stale = [k for k in table if k not in phrases]
+    missing = [f"{where}: {phrase!r}" for phrase, where in phrases.items()
+               if phrase not in table and len(prose_words(phrase.replace("{}", " "))) >= 3]
+    return stale, sorted(missing)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m autograder.authoring.translations",
                                  description=__doc__.split("\n\n")[0])
@@ -423,11 +479,21 @@ def main(argv=None) -> int:
         p.add_argument("assignments", nargs="*")
         p.add_argument("--lang", default="zh")
     sub.add_parser("language", help="print the language release/ is in")
+    sub.add_parser("messages", help="the checks' and the runtime's phrases without a translation "
+                                    "(autograder/runtime/messages_zh.py), and its stale keys")
     args = ap.parse_args(argv)
     root = os.getcwd() if os.path.exists("nbgrader_config.py") else PACKAGE_ROOT
     if args.cmd == "language":
         print(release_language(root))
         return 0
+    if args.cmd == "messages":
+        stale, missing = message_status(root)
+        for key in stale:
+            print(f"stale key (no phrase of the code any more): {key!r}")
+        print("\n".join(missing))
+        print(f"{len(missing)} phrase(s) of three or more English words without a translation (figure labels and "
+              f"texts a check matches stay English); {len(stale)} stale key(s)")
+        return 1 if stale else 0
     names = args.assignments or assignments(root)
     bad = 0
     for a in names:

@@ -2,7 +2,7 @@
 
     from autograder.runtime.messages import localize, set_language
     set_language("zh")                      # a Chinese notebook's set-up cell does it: course_notebook(..., language="zh")
-    localize("rank 1: out: shape [4, 2], expected [4, 3].")   # -> "rank 1: out：形状为 [4, 2]，应为 [4, 3]。"
+    localize("rank 1: out: shape [4, 2], expected [4, 3].")   # -> "rank 1: out：形状是 [4, 2]，期望 [4, 3]。"
 
 The checks and the runtime write their messages in English, as f-strings, and never know about languages.
 What a student sees of them goes through `localize` (autograder.runtime.report does it for a graded cell's
@@ -16,8 +16,9 @@ each replacement field written `{}` (`f"{where}: shape {fmt_shape(a)}, expected 
 `"{}: shape {}, expected {}."`; a literal brace is doubled), one line of it per key (an f-string with `\\n` is
 looked up line by line). Its value is the translation, with the same fields: `{}` in the English order, or
 `{0}`, `{1}`, ... to reorder them. A field at the very start or end of a key is the text around the phrase:
-it stays where it is (the value starts, or ends, with `{}` there too). tests/test_zh_messages.py checks that
-every key is still a phrase of the code, and which phrases have no translation yet:
+it stays where it is (the value starts, or ends, with a plain `{}` there too). tests/test_zh_code_cells.py
+checks that every key is still a phrase of the code; which phrases have no translation yet (a new check's
+message stays English until someone adds it):
 
     python -m autograder.authoring.translations messages       # the phrases of the checks not yet translated
 
