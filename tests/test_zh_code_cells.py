@@ -11,7 +11,7 @@ runtime then shows a graded cell's verdict, its pass line and the checks' hints 
 - the code is the English code: every code cell's tokens but its comments and strings, every f-string's
   fields, every grading id and cell id, and the solution and hidden-test regions byte for byte;
 - the English prose left in the code cells of the Chinese release is a small fraction of the English
-  release's (a bound, with the counts printed);
+  release's (a bound, with the counts printed); the code catalogs hold no solution or hidden-test text;
 - every key of the message catalogue is a phrase of the runtime or the checks, and every translation places
   each of its fields once;
 - a translated verdict keeps its data: every number, shape and dotted or underscored name of the English one;
@@ -109,6 +109,20 @@ def test_the_chinese_build_keeps_the_code_and_the_grading_ids(assignment, tmp_pa
     assert changed >= 10, f"{assignment}: only {changed} code cells translated"
     setup = next(c.source for c in zh.cells if "course_notebook(" in c.source)
     assert 'language="zh")' in setup and '"练习 1": [' in setup, setup[-300:]
+
+
+@pytest.mark.parametrize("assignment", assignments())
+def test_no_solution_or_hidden_test_text_in_the_code_catalog(assignment):
+    """The code catalog is made of the release's text only: no solution or hidden-test line of the source notebook,
+    English or in a translation that kept it (tests/test_release.py's rule)."""
+    from autograder.authoring.translations import code_catalog_path
+    from test_zh_notebooks import _leaks
+
+    catalog = open(code_catalog_path(ROOT, "zh", assignment), encoding="utf-8").read()
+    leaked = _leaks(catalog, assignment)
+    assert not leaked, f"zh/notebooks/{assignment}.code.md holds solution or hidden-test text: {leaked[:3]}"
+    for marker in ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"):
+        assert marker not in catalog
 
 
 def _english_words(nb) -> tuple[int, int]:
