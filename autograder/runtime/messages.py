@@ -138,14 +138,10 @@ def phrase_pattern(key: str, value: str) -> tuple[re.Pattern, list]:
             regex += re.escape(piece)
     parts: list[str | int] = []
     auto = 0
-    for item in items:
+    for item in items:  # `{}` numbered in order; a literal text or `{1}` as it is
         if item is None:
-            parts.append(auto)
-            auto += 1
-        elif isinstance(item, int):
-            parts.append(item)
-        else:
-            parts.append(item)
+            item, auto = auto, auto + 1
+        parts.append(item)
     used = [p for p in parts if isinstance(p, int)]
     if sorted(set(used)) != list(range(fields)) or len(used) != fields:
         raise ValueError(f"the translation {value!r} places fields {used}; its key {key!r} has {fields} to place, "
