@@ -11,9 +11,9 @@ zh/notebooks/<assignment>.md (autograder/authoring/translations.py). Here:
 - each translation keeps its cell's structure, as the lessons' twins do (tests/test_zh_parity.py):
   headings, formulas, code blocks and code spans, links, tables, the numbers of the prose; its links
   open the Chinese lesson wherever one exists; its prose is Chinese and follows zh/GLOSSARY.md;
-- a Chinese notebook is the English one with only the markdown text changed (cells, ids, grading ids,
-  code, metadata), and the on-the-fly translation (student package, site) is the Chinese build, byte
-  for byte;
+- a Chinese notebook is the English one with only its text changed, the markdown and the code cells'
+  prose (cells, ids, grading ids, code, metadata: tests/test_zh_code_cells.py checks the code token by
+  token), and the on-the-fly translation (student package, site) is the Chinese build, byte for byte;
 - the release leak check of tests/test_release.py holds for the Chinese release and the catalogs;
 - grading: the Chinese release built with nbgrader, graded by `python -m autograder.grade demo`
   (reference, untouched and wrong submissions), gets exactly the English release's scores, cell by
@@ -136,10 +136,13 @@ def _build_source(assignment: str, lang: str, dest: str) -> str:
 
 
 def _skeleton(nb) -> list:
-    """What grading sees of a notebook: every cell but the markdown text, and the notebook's metadata."""
+    """What grading sees of a notebook: every cell but its text (the markdown, and the code cells' prose: their
+    code without comments and strings' text, codetext.code_signature), and the notebook's metadata."""
+    from autograder.authoring.codetext import code_signature
+
     meta = {k: v for k, v in nb.metadata.items() if k != "course"}
-    return [meta] + [(c.cell_type, c.get("id"), c.metadata, c.source if c.cell_type != "markdown" else None)
-                     for c in nb.cells]
+    return [meta] + [(c.cell_type, c.get("id"), c.metadata,
+                      code_signature(c.source) if c.cell_type == "code" else None) for c in nb.cells]
 
 
 def _translated(path: str, assignment: str) -> str:
@@ -156,7 +159,7 @@ def test_a_chinese_notebook_is_the_english_one_with_its_text_translated(assignme
     en_path = _build_source(assignment, "en", str(tmp_path / "en" / "lab.ipynb"))
     zh_path = _build_source(assignment, "zh", str(tmp_path / "zh" / "lab.ipynb"))
     en, zh = (nbformat.read(p, as_version=4) for p in (en_path, zh_path))
-    assert _skeleton(en) == _skeleton(zh), "the Chinese build changed a cell other than markdown text"
+    assert _skeleton(en) == _skeleton(zh), "the Chinese build changed more than the text of a cell"
     assert zh.metadata["course"] == {"language": "zh"} and "course" not in en.metadata
     same = [c.source.splitlines()[0] for c, d in zip(en.cells, zh.cells) if c.cell_type == "markdown"
             and c.source == d.source]
@@ -268,7 +271,7 @@ def test_the_chinese_release_grades_exactly_as_the_english(assignment, zh_course
                                                   sum(c[2] for c in english[student]))
     ref, untouched, wrong = (graded[s] for s in ("reference", "untouched", "wrong"))
     assert ref["score"] == ref["max_score"] > 0 and untouched["score"] == 0 < wrong["score"] < wrong["max_score"]
-    # the feedback a Chinese student reads is the Chinese notebook, with the checks' (English) verdicts
+    # the feedback a Chinese student reads is the Chinese notebook, with the grader's (English) verdicts
     name = os.path.basename(release).replace(".ipynb", ".html")
     feedback = open(os.path.join(zh_course, "feedback", "wrong", assignment, name), encoding="utf-8").read()
     first = nbformat.reads(built, as_version=4).cells[0].source.splitlines()[0].lstrip("# ").strip()

@@ -258,7 +258,7 @@ class NotebookBuilder:
         return ("\n\n# Which exercise defines each function you write (a test or a picture that uses one still a stub\n"
                 "# names that exercise), and every cell's failure shown as the test cells show theirs.\n"
                 "from autograder.runtime import course_notebook\n\n"
-                f"course_notebook({{\n{entries}}})")
+                f"course_notebook({{\n{entries}}}, language=\"en\")")
 
     def notebook(self):
         nb = v4.new_notebook()
@@ -281,9 +281,9 @@ class NotebookBuilder:
     def write(self, path: str, *, lang: str | None = None) -> None:
         """Write the notebook to `path`, in English or, with `lang` (default: $COURSE_LANG), translated.
 
-        A translation replaces markdown text only (autograder.authoring.translations): cells, ids, grading
-        ids and code are those of the English notebook. A cell without a current translation stays English,
-        and a line on stderr says which.
+        A translation replaces markdown text and the code cells' prose (autograder.authoring.translations):
+        cells, ids, grading ids and code are those of the English notebook. A markdown cell without a current
+        translation stays English, and a line on stderr says which.
         """
         from autograder.authoring.translations import course_language, translate_notebook
 

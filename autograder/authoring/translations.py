@@ -4,13 +4,23 @@
     python -m autograder.authoring.translations status          # which markdown cells lack a current translation
     python -m autograder.authoring.translations sync 03_pipeline_parallel   # after an English change: see below
     python -m autograder.authoring.translations language        # the language release/ is in now (en or zh)
+    python -m autograder.authoring.translations messages        # the checks' phrases without a Chinese verdict
 
 The builders (assignments/*/_build_nb.py) write English only and never know about languages.
 `NotebookBuilder.write` (nbbuild.py) hands a finished notebook to `translate_notebook` when the
 language is not English: each markdown cell's text is looked up, as a whole, in the assignment's
-catalog `zh/notebooks/<assignment>.md` and replaced by its translation. Code cells (set-up, answers,
-tests, their comments) and every cell's metadata, id and grading id are untouched, so a Chinese release
-is graded exactly as the English one (tests/test_zh_notebooks.py grades both and compares).
+catalog `zh/notebooks/<assignment>.md` and replaced by its translation. The code of code cells (set-up,
+answers, tests) and every cell's metadata, id and grading id are untouched, so a Chinese release is graded
+exactly as the English one (tests/test_zh_notebooks.py grades both and compares).
+
+The code cells' prose (issue 30: stubs' docstrings, given cells' comments, the test cells' captions, the
+helpers' messages) has a catalog of its own, `zh/notebooks/<assignment>.code.md`, in the same format: one
+entry per comment block, docstring or string (autograder/authoring/codetext.py says what a unit is and what
+stays: the code, the grading ids, the markers, nbgrader's stub line). Only the prose changes, and only
+outside solution and hidden-test regions; a unit without a translation stays English (`status` lists them,
+tests/test_zh_notebooks.py bounds how many English words are left). The verdicts the checks print at run
+time are translated by the runtime (autograder/runtime/messages.py), once the notebook's set-up cell said
+`course_notebook(..., language="zh")`.
 
 A catalog is a Markdown file that reads as the notebook's Chinese text. Each entry is the English
 text of one cell, kept in an HTML comment headed by a short hash of that text, then its translation:
@@ -43,9 +53,9 @@ import re
 import sys
 from dataclasses import dataclass
 
-__all__ = ["LANGUAGES", "course_language", "catalog_path", "load_catalog", "write_catalog", "entry_key",
-           "translate_notebook", "english_notebook", "notebook_language", "release_language", "english_cells",
-           "status", "sync"]
+__all__ = ["LANGUAGES", "course_language", "catalog_path", "code_catalog_path", "load_catalog", "write_catalog",
+           "entry_key", "translate_notebook", "english_notebook", "notebook_language", "release_language",
+           "english_cells", "english_code_units", "status", "code_status", "sync", "sync_code"]
 
 LANGUAGES = ("en", "zh")
 ENV = "COURSE_LANG"
@@ -60,6 +70,19 @@ The Chinese text of the notebook of {assignment} (its markdown cells; code cells
 Read by autograder/authoring/translations.py for `make build COURSE_LANG=zh` and the Chinese site.
 Each entry: the English text of one cell in a comment headed by its hash, then the Chinese. Do not edit the
 English or the hash by hand: after an English change run
+    .venv/bin/python -m autograder.authoring.translations sync {assignment}
+and update the entries marked TODO(zh). Terms and style: zh/GLOSSARY.md.
+-->
+"""
+
+
+_CODE_HEADER = """<!--
+The Chinese prose of the code cells of {assignment}: comments, docstrings and strings (captions, messages) a
+student reads; the code stays as it is (autograder/authoring/codetext.py). Read by
+autograder/authoring/translations.py for `make build COURSE_LANG=zh` and the Chinese site. Each entry: the English
+of one unit in a comment headed by its hash, then the Chinese. A comment block's lines are written without `# `;
+strings written side by side have one line each, in the English and in the Chinese alike; an f-string keeps its
+`{{...}}` fields, in their order. Do not edit the English or the hash by hand: after an English change run
     .venv/bin/python -m autograder.authoring.translations sync {assignment}
 and update the entries marked TODO(zh). Terms and style: zh/GLOSSARY.md.
 -->
@@ -81,6 +104,11 @@ def entry_key(english: str) -> str:
 
 def catalog_path(root: str, lang: str, assignment: str) -> str:
     return os.path.join(root, lang, "notebooks", f"{assignment}.md")
+
+
+def code_catalog_path(root: str, lang: str, assignment: str) -> str:
+    """The catalog of the code cells' prose (comments, docstrings, strings)."""
+    return os.path.join(root, lang, "notebooks", f"{assignment}.code.md")
 
 
 @dataclass
@@ -135,8 +163,8 @@ def load_catalog(path: str) -> list[Entry]:
     return entries
 
 
-def write_catalog(path: str, assignment: str, entries: list[Entry]) -> None:
-    parts = [_HEADER.format(assignment=assignment)]
+def write_catalog(path: str, assignment: str, entries: list[Entry], header: str = _HEADER) -> None:
+    parts = [header.format(assignment=assignment)]
     for e in entries:
         if "\n-->\n" in f"\n{e.english}\n":
             raise CatalogError(f"{assignment}: a markdown cell has a line `-->`, which ends a catalog entry")
@@ -151,18 +179,56 @@ def _text(cell) -> str:
     return "".join(src) if isinstance(src, list) else src
 
 
-def translate_notebook(nb, root: str, assignment: str, lang: str) -> list[str]:
-    """Replace, in place, each markdown cell's text by its translation and mark the notebook's language.
+def _checksum(cell) -> str:
+    """nbgrader's checksum of a cell (`nbgrader.utils.compute_checksum`): a release's graded and locked cells carry
+    it, so a cell whose prose was translated gets the one `nbgrader generate_assignment` writes for it."""
+    import hashlib
 
-    Returns the English texts that have no current translation (those cells stay English). English is a
-    no-op. Only markdown cells change: code cells, metadata, ids and grading ids stay as they are.
+    meta = cell["metadata"].get("nbgrader", {})
+    grade, solution = bool(meta.get("grade", False)), bool(meta.get("solution", False))
+    locked = False if solution else (True if grade else bool(meta.get("locked", False)))
+    m = hashlib.md5()
+    for part in (_text(cell), cell["cell_type"], str(grade), str(solution), str(locked), meta["grade_id"]):
+        m.update(part.encode("utf-8"))
+    if grade:
+        m.update(str(float(meta["points"])).encode("utf-8"))
+    return m.hexdigest()
+
+
+def _table(path: str) -> dict[str, str]:
+    return {e.english: e.text for e in load_catalog(path) if not e.todo}
+
+
+def translate_notebook(nb, root: str, assignment: str, lang: str, code_missing: list | None = None) -> list[str]:
+    """Replace, in place, each markdown cell's text and the prose of each code cell by its translation, and mark
+    the notebook's language.
+
+    Returns the English texts of markdown cells that have no current translation (those cells stay English);
+    `code_missing`, if given, gets the English of the code cells' prose units left untranslated. English is a
+    no-op. Code, metadata, ids and grading ids stay as they are (codetext.translate_code checks the code).
     """
+    from autograder.authoring.codetext import translate_code
+
     lang = course_language(lang)
     if lang == "en":
         return []
-    table = {e.english: e.text for e in load_catalog(catalog_path(root, lang, assignment)) if not e.todo}
+    table = _table(catalog_path(root, lang, assignment))
+    code_table = _table(code_catalog_path(root, lang, assignment))
     missing = []
     for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            try:
+                new, left = translate_code(_text(cell), code_table, lang)
+            except ValueError as exc:
+                gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") or cell.get("id")
+                raise ValueError(f"{code_catalog_path(root, lang, assignment)}: code cell {gid}: {exc}") from None
+            if new != _text(cell):
+                cell["source"] = new
+                if "checksum" in cell["metadata"].get("nbgrader", {}):  # a release notebook's (nbgrader's)
+                    cell["metadata"]["nbgrader"]["checksum"] = _checksum(cell)
+            if code_missing is not None:
+                code_missing += left
+            continue
         if cell["cell_type"] != "markdown":
             continue
         english = _text(cell)
@@ -239,6 +305,29 @@ def english_cells(root: str, assignment: str) -> list[str]:
     return [c.source for c in module.build().cells if c.cell_type == "markdown"]
 
 
+def english_code_units(root: str, assignment: str, nb=None) -> list[str]:
+    """The English prose units of the code cells of an assignment's notebook as its builder makes it (outside
+    solution and hidden-test regions), in order, each once."""
+    from autograder.authoring.codetext import is_prose, prose_units, _secret_rows
+
+    if nb is None:
+        path = os.path.join(root, "assignments", assignment, "_build_nb.py")
+        spec = importlib.util.spec_from_file_location(f"_course_build_nb_{assignment}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        nb = module.build().notebook()
+    out, seen = [], set()
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        secret = _secret_rows(cell.source)
+        for unit in prose_units(cell.source):
+            if unit.line not in secret and is_prose(unit.english) and unit.english not in seen:
+                seen.add(unit.english)
+                out.append(unit.english)
+    return out
+
+
 def _first_line(text: str) -> str:
     line = next((l for l in text.splitlines() if l.strip()), "")
     return line if len(line) <= 90 else line[:87] + "..."
@@ -291,10 +380,39 @@ def status(root: str, assignment: str, lang: str = "zh", cells: list[str] | None
     return problems
 
 
-def sync(root: str, assignment: str, lang: str = "zh") -> tuple[int, int]:
-    """Rewrite a catalog in the notebook's cell order. Returns (entries kept, entries marked TODO)."""
-    cells = english_cells(root, assignment)
-    path = catalog_path(root, lang, assignment)
+def code_status(root: str, assignment: str, lang: str = "zh", units: list[str] | None = None) -> list[str]:
+    """The code cells' prose units without a current translation, and the entries no unit uses any more."""
+    units = english_code_units(root, assignment) if units is None else units
+    path = code_catalog_path(root, lang, assignment)
+    rel = os.path.relpath(path, root)
+    try:
+        entries = load_catalog(path)
+    except CatalogError as exc:
+        return [str(exc)]
+    by_english = {e.english: e for e in entries}
+    problems = []
+    for english in units:
+        e = by_english.get(english)
+        if e is None:
+            problems.append(f"{rel}: no translation of {_first_line(english)!r} (hash {entry_key(english)})")
+        elif e.todo:
+            problems.append(f"{rel}:{e.line}: entry {e.key} ({_first_line(english)!r}) is marked TODO")
+    used = set(units)
+    problems += [f"{rel}:{e.line}: entry {e.key} ({_first_line(e.english)!r}) is the text of no code cell any more"
+                 for e in entries if e.english not in used]
+    return problems
+
+
+def sync_code(root: str, assignment: str, lang: str = "zh") -> tuple[int, int]:
+    """Rewrite a code catalog in the notebook's order of units. Returns (entries kept, entries marked TODO)."""
+    return sync(root, assignment, lang, code=True)
+
+
+def sync(root: str, assignment: str, lang: str = "zh", *, code: bool = False) -> tuple[int, int]:
+    """Rewrite a catalog in the notebook's cell order (`code`: the code catalog, in the order of the units).
+    Returns (entries kept, entries marked TODO)."""
+    cells = english_code_units(root, assignment) if code else english_cells(root, assignment)
+    path = (code_catalog_path if code else catalog_path)(root, lang, assignment)
     entries = load_catalog(path)
     by_english = {e.english: e for e in entries}
     unused = [e for e in entries if e.english not in set(cells)]
@@ -318,10 +436,66 @@ def sync(root: str, assignment: str, lang: str = "zh") -> tuple[int, int]:
                     + diff.replace("-->", "- ->") + "\n-->")
             out.append(Entry(english, note + "\n\n" + old.text))
         else:
-            out.append(Entry(english, f"{TODO} a new cell: translate it, then delete this comment -->\n\n{english}"))
+            what = "text" if code else "cell"
+            out.append(Entry(english, f"{TODO} a new {what}: translate it, then delete this comment -->\n\n{english}"))
         todo += 1
-    write_catalog(path, assignment, out)
+    write_catalog(path, assignment, out, _CODE_HEADER if code else _HEADER)
     return kept, todo
+
+
+# ---------------------------------------------------------------------------
+# The runtime's message catalogue (autograder/runtime/messages_zh.py) against the code's phrases
+# ---------------------------------------------------------------------------
+
+def _template(node) -> str | None:
+    """A string's or an f-string's literal text, each field `{}` and a literal brace doubled (a catalogue key)."""
+    import ast
+
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value.replace("{", "{{").replace("}", "}}")
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value.replace("{", "{{").replace("}", "}}") if isinstance(v, ast.Constant) else "{}"
+                       for v in node.values)
+    return None
+
+
+def code_phrases(root: str = PACKAGE_ROOT) -> dict[str, str]:
+    """{phrase: where} of every line of every string and f-string of autograder/runtime (its catalogue left out)
+    and autograder/checks: what a key of the message catalogue may be."""
+    import ast
+    import glob
+
+    paths = sorted(p for p in glob.glob(os.path.join(root, "autograder", "runtime", "*.py"))
+                   if not os.path.basename(p).startswith("messages"))
+    paths += sorted(glob.glob(os.path.join(root, "autograder", "checks", "*.py")))
+    out: dict[str, str] = {}
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        parts = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
+        parts |= {id(n.body[0].value) for n in ast.walk(tree)  # docstrings: never a message
+                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+                  and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            text = None if id(node) in parts else _template(node)
+            for line in (text or "").split("\n"):
+                if line:
+                    out.setdefault(line, f"{os.path.relpath(path, root)}:{node.lineno}")
+    return out
+
+
+def message_status(root: str = PACKAGE_ROOT, lang: str = "zh") -> tuple[list[str], list[str]]:
+    """(keys of the catalogue that are no phrase of the code any more, phrases of the checks and the runtime
+    with at least three English words and no translation: `file:line: 'phrase'`)."""
+    from autograder.authoring.codetext import prose_words
+    from autograder.runtime.messages import catalogue
+
+    phrases = code_phrases(root)
+    table = catalogue(lang)
+    stale = [k for k in table if k not in phrases]
+    missing = [f"{where}: {phrase!r}" for phrase, where in phrases.items()
+               if phrase not in table and len(prose_words(phrase.replace("{}", " "))) >= 3]
+    return stale, sorted(missing)
 
 
 def main(argv=None) -> int:
@@ -333,21 +507,38 @@ def main(argv=None) -> int:
         p.add_argument("assignments", nargs="*")
         p.add_argument("--lang", default="zh")
     sub.add_parser("language", help="print the language release/ is in")
+    sub.add_parser("messages", help="the checks' and the runtime's phrases without a translation "
+                                    "(autograder/runtime/messages_zh.py), and its stale keys")
     args = ap.parse_args(argv)
     root = os.getcwd() if os.path.exists("nbgrader_config.py") else PACKAGE_ROOT
     if args.cmd == "language":
         print(release_language(root))
         return 0
+    if args.cmd == "messages":
+        stale, missing = message_status(root)
+        for key in stale:
+            print(f"stale key (no phrase of the code any more): {key!r}")
+        print("\n".join(missing))
+        print(f"{len(missing)} phrase(s) of three or more English words without a translation (figure labels and "
+              f"texts a check matches stay English); {len(stale)} stale key(s)")
+        return 1 if stale else 0
     names = args.assignments or assignments(root)
     bad = 0
     for a in names:
         if args.cmd == "sync":
-            kept, todo = sync(root, a, args.lang)
-            print(f"{os.path.relpath(catalog_path(root, args.lang, a), root)}: {kept} translated, {todo} marked TODO")
+            for code, path in ((False, catalog_path), (True, code_catalog_path)):
+                kept, todo = sync(root, a, args.lang, code=code)
+                print(f"{os.path.relpath(path(root, args.lang, a), root)}: {kept} translated, {todo} marked TODO")
         else:
             problems = status(root, a, args.lang)
             bad += len(problems)
             print(f"{a}: " + ("every markdown cell translated" if not problems else f"{len(problems)} problem(s)"))
+            for p in problems:
+                print("  " + p.replace("\n", "\n    "))
+            problems = code_status(root, a, args.lang)
+            bad += len(problems)
+            print(f"{a}: " + ("the code cells' prose translated" if not problems
+                             else f"{len(problems)} problem(s) in the code cells' prose"))
             for p in problems:
                 print("  " + p.replace("\n", "\n    "))
     return 1 if bad else 0

@@ -135,7 +135,7 @@ def _header(code: str) -> str | None:
                 call = item.context_expr
                 if isinstance(call, ast.Call) and getattr(call.func, "id", "") == "checking" and len(call.args) >= 2 \
                         and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in call.args[:2]):
-                    label, what = call.args[0].value, call.args[1].value.strip().rstrip(".")
+                    label, what = call.args[0].value, call.args[1].value.strip().rstrip(".\u3002")
                     return f"{label} \u00b7 {what}: FAILED"
     return None
 

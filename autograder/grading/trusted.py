@@ -1013,6 +1013,18 @@ def grade_notebook(submitted: dict, source: dict, *, inputs: str | None = None, 
     With `second_backend` ("nccl" on a GPU grading node), each test cell runs
     again with its checks on that backend: a note per cell, no points.
     """
+    from autograder.runtime.messages import pinned
+
+    # every verdict decided and recorded in English: a Chinese notebook's set-up cell, run here too, asks for
+    # Chinese messages (course_notebook(..., language="zh")), and the grader reads a verdict's words
+    with pinned("en"):
+        return _grade_notebook(submitted, source, inputs=inputs, sandbox=sandbox, budget=budget,
+                               memory_note=memory_note, second_backend=second_backend,
+                               backstop_factor=backstop_factor)
+
+
+def _grade_notebook(submitted: dict, source: dict, *, inputs, sandbox, budget, memory_note, second_backend,
+                    backstop_factor) -> tuple[dict[str, CellVerdict], list]:
     from autograder.grading.redact import run_hidden
     from autograder.runtime import dist
     from autograder.runtime.report import show_internals  # noqa: F401 - the checks' messages, as in the notebook

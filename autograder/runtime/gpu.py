@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import time
 
+from autograder.runtime.messages import localize
+
 
 def nccl_status(world_size: int) -> tuple[bool, str]:
     """(available, reason) for running `world_size` NCCL ranks on this machine."""
@@ -48,5 +50,5 @@ def run_nccl_checks(checks, *, verbose: bool = True) -> dict[str, str]:
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 verdicts[label] = f"FAILED on NCCL: {first}"
         if verbose:
-            print(f"{label}: {verdicts[label]}")
+            print(localize(f"{label}: {verdicts[label]}"))
     return verdicts

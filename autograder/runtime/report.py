@@ -34,6 +34,8 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
+from autograder.runtime.messages import localize, set_language
+
 __all__ = ["checking", "show_internals", "note_run", "student_frames", "is_student_file", "describe_location",
            "student_sources", "install_sources", "course_notebook", "exercise_of", "render_outside_check"]
 
@@ -183,14 +185,17 @@ def _stub_name(exc: BaseException) -> str | None:
 _EXERCISE_OF: dict[str, str] = {}
 
 
-def course_notebook(exercises: dict) -> None:
+def course_notebook(exercises: dict, language: str = "en") -> None:
     """A notebook's set-up (its builder writes the call): `exercises` names the functions each exercise's answer
     cells define, `{"Exercise 3": ["ring_attention_forward", ...], ...}`, so that a test (or a picture) that uses
     a function still a stub names the exercise that owns it, not its own. In a Jupyter kernel it also makes
     every cell, scratch and picture cells included, show the course's errors as the test cells do: the verdict
     and the student's own lines, never the course's frames (`show_internals` shows everything); a course
     function's ValueError (an argument it refuses) is one line, led by the function the cell called.
+    `language`: the notebook's ("en", or "zh" in a Chinese notebook): the language of the verdicts, pass lines
+    and hints it shows (autograder.runtime.messages).
     """
+    set_language(language)
     _EXERCISE_OF.clear()
     for label, names in exercises.items():
         for name in names:
@@ -209,9 +214,11 @@ def exercise_of(stub: str) -> str | None:
 def _stub_text(stub: str, label: str | None) -> str:
     """The one-line verdict for a stub: its own exercise named, and where to go."""
     owner = exercise_of(stub)
+    if owner and owner != label and label:
+        return (f"{owner} is not done yet: {stub} is still the stub (it raises NotImplementedError). This test uses "
+                f"it: implement {owner} first, run its answer cell, then run this one again.")
     if owner and owner != label:
-        where = "This test" if label else "This cell"
-        return (f"{owner} is not done yet: {stub} is still the stub (it raises NotImplementedError). {where} uses "
+        return (f"{owner} is not done yet: {stub} is still the stub (it raises NotImplementedError). This cell uses "
                 f"it: implement {owner} first, run its answer cell, then run this one again.")
     if label:
         return (f"{label} is not done yet: {stub} is still the stub (it raises NotImplementedError). "
@@ -279,13 +286,13 @@ def render_outside_check(exc: BaseException) -> list[str] | None:
         return None
     stub = _stub_name(exc)
     if stub is not None:
-        return [f"NotImplementedError: {_stub_text(stub, None)}"]
+        return [f"NotImplementedError: {localize(_stub_text(stub, None))}"]
     from autograder.runtime.compare import CheckFailure
 
     if isinstance(exc, CheckFailure) or _is_distributed_error(exc):
-        return _render(exc, str(exc))
+        return _render(exc, localize(str(exc)))
     if isinstance(exc, ValueError) and _raised_by_course(exc.__traceback__):
-        return _render(exc, _argument_text(exc))
+        return _render(exc, localize(_argument_text(exc)))
     return None
 
 
@@ -381,7 +388,7 @@ def _render(exc: BaseException, text: str) -> list[str]:
     frames = student_frames(exc.__traceback__)[1:]
     if frames:
         lines.append("")
-        lines.append("In your code (innermost last):")
+        lines.append(localize("In your code (innermost last):"))
         for fs in frames:
             lines.append(f"  {describe_location(fs.filename, fs.lineno, fs.name)}")
             if fs.line:
@@ -415,7 +422,7 @@ def _starting(runs) -> str:
 @contextlib.contextmanager
 def checking(label: str, what: str):
     """A graded cell: print one line on success; on failure re-raise with the exercise and the verdict first."""
-    what = what.strip().rstrip(".")
+    what = what.strip().rstrip(".\u3002")  # a caption's full stop, English or Chinese
     report = _Report(label, what)
     token = _current.set(report)
     t0 = time.perf_counter()
@@ -425,23 +432,23 @@ def checking(label: str, what: str):
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
         if _is_inconclusive(exc):  # the machine's fault, not a verdict: said so, first
-            text = f"{label} \u00b7 {what}: NOT DECIDED (not a verdict on your code)\n{exc}"
+            text = localize(f"{label} \u00b7 {what}: NOT DECIDED (not a verdict on your code)\n{exc}")
             exc.args = (text,)
             _attach_rendering(exc, text)
             raise
         stub = _stub_name(exc)
         if stub is not None:
-            text = _stub_text(stub, label)
+            text = localize(_stub_text(stub, label))
             new = NotImplementedError(text)
             _attach_rendering(new, text)
             raise new from None
-        text = f"{label} · {what}: FAILED\n{exc}{_undefined_hint(exc)}"
+        text = localize(f"{label} · {what}: FAILED\n{exc}{_undefined_hint(exc)}")
         try:
             exc.args = (text,)
         except (AttributeError, TypeError):
             pass
         if str(exc) != text:  # an exception type whose str() ignores args: say it in a note
-            text = f"{label} · {what}: FAILED\n{exc}"
+            text = localize(f"{label} · {what}: FAILED\n{exc}")
         _attach_rendering(exc, text)
         raise
     finally:
@@ -449,5 +456,5 @@ def checking(label: str, what: str):
     seconds = time.perf_counter() - t0
     ran = _ran_on(report.runs)
     detail = f"{ran}, {seconds:.1f} s{_starting(report.runs)}" if ran else f"{seconds:.1f} s"
-    print(f"\u2713 {label} \u00b7 {what} \u2014 passed ({detail})")
+    print(localize(f"\u2713 {label} \u00b7 {what} \u2014 passed ({detail})"))
     sys.stdout.flush()
