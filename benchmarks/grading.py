@@ -1,12 +1,15 @@
 """Grading a class: plain sequential `nbgrader autograde` against `grade autograde --jobs N`, side by side.
 
     .venv/bin/python benchmarks/grading.py                       # 40 submissions of 01 and 02, --jobs 2
-    .venv/bin/python benchmarks/grading.py --assignments 02_tensor_parallel --copies 1 --jobs 2
+    .venv/bin/python benchmarks/grading.py --assignments 02_tensor_parallel --total 14 --jobs 2
 
 Generates submissions (the reference, the untouched release and every kept
 mutant of each assignment, repeated until there are `--total`), grades them
-in two scratch copies of the course, and prints:
-- wall time and time per submission of both, and the ratio; the machine's
+in scratch copies of the course, and prints:
+- wall time and time per submission of plain nbgrader sequential, plain
+  nbgrader two at a time (two processes on disjoint halves of the class,
+  each with its own copy of the course and gradebook, merged: what an
+  instructor with two cores would do) and the course's command, and the ratios; the machine's
   busy CPU-seconds per submission during each (from /proc/stat: the machine
   should be otherwise idle), which says how much work each does, apart from
   how well it spreads over the cores; and, with `--jobs1`, the course's
@@ -43,13 +46,16 @@ from solutions import submissions  # noqa: E402
 
 
 def _submissions(assignments: list[str], total: int) -> list[tuple[str, str, object]]:
-    """(assignment, student, notebook), cycling through reference, untouched and every mutant."""
-    kinds = []
-    for a in assignments:
-        kinds += [(a, "reference", None), (a, "untouched", None)] + [(a, m.name, m) for m in submissions.mutants_of(a)]
+    """(assignment, student, notebook): the assignments in turn, each cycling through its reference, its
+    untouched release and every mutant (so any `total` >= the number of assignments gives each some)."""
+    if total < len(assignments):
+        raise SystemExit(f"--total {total}: fewer submissions than assignments ({len(assignments)})")
+    kinds = {a: [(a, "reference", None), (a, "untouched", None)] + [(a, m.name, m) for m in submissions.mutants_of(a)]
+             for a in assignments}
     out, i = [], 0
     while len(out) < total:
-        a, kind, m = kinds[i % len(kinds)]
+        a = assignments[i % len(assignments)]
+        a, kind, m = kinds[a][(i // len(assignments)) % len(kinds[a])]
         nb = (submissions.reference_submission(a) if kind == "reference" else
               submissions.untouched_submission(a) if kind == "untouched" else submissions.mutant_submission(a, m))
         out.append((a, f"s{len(out):03d}-{kind.replace('_', '-')}"[:40], nb))
@@ -57,8 +63,8 @@ def _submissions(assignments: list[str], total: int) -> list[tuple[str, str, obj
     return out
 
 
-def _course(subs, assignments) -> str:
-    root = tempfile.mkdtemp(prefix="bench-grading-")
+def _course(subs, assignments, prefix: str = "bench-grading-") -> str:
+    root = tempfile.mkdtemp(prefix=prefix)
     copy_course(root)
     for a in assignments:
         proc = nbgrader(root, "generate_assignment", a, "--force")
@@ -96,6 +102,32 @@ def _busy_cpu_seconds() -> float | None:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def _plain_two_wide(subs, assignments) -> tuple[float, float | None, dict]:
+    """Plain nbgrader as an instructor would run it on two cores: two processes at once on disjoint halves of
+    the class, each in its own copy of the course with its own gradebook; the scores merged."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    split = [[], []]  # each assignment's submissions dealt out in turn
+    for a in assignments:
+        for j, sub in enumerate(x for x in subs if x[0] == a):
+            split[j % 2].append(sub)
+    halves = [(_course(part, assignments, f"bench-grading-half{i}-"),
+               [a for a in assignments if any(sub[0] == a for sub in part)]) for i, part in enumerate(split)]
+
+    def grade_half(half) -> list[int]:  # one instructor's process: the assignments one after the other
+        root, mine = half
+        return [nbgrader(root, "autograde", a, "--force", timeout=24 * 3600).returncode for a in mine]
+
+    c0, t0 = _busy_cpu_seconds(), time.monotonic()
+    with ThreadPoolExecutor(2) as pool:  # each call is an nbgrader process: two run at once
+        codes = list(pool.map(grade_half, halves))
+    wall, c1 = time.monotonic() - t0, _busy_cpu_seconds()
+    assert all(c == 0 for cs in codes for c in cs), f"plain nbgrader two at a time failed: exit codes {codes}"
+    halves = [root for root, _ in halves]
+    scores = {**_nbgrader_scores(halves[0]), **_nbgrader_scores(halves[1])}
+    return wall, (c1 - c0 if c0 is not None else None), scores
+
+
 def _ours(root: str, assignments: list[str], jobs: int) -> tuple[float, float | None]:
     env = {**os.environ, "PYTHONPATH": root, "TORCH_CPP_LOG_LEVEL": "ERROR",
            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
@@ -122,11 +154,13 @@ def main() -> None:
     nbgrader(plain, "autograde", args.assignments[0], "--student=nobody-at-all")
     startup = time.monotonic() - t0
     c0, t0 = _busy_cpu_seconds(), time.monotonic()
-    for a in args.assignments:
+    for a in args.assignments:  # every assignment has submissions (_submissions)
         proc = nbgrader(plain, "autograde", a, "--force", timeout=24 * 3600)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     t_plain, cpu_plain = time.monotonic() - t0, _busy_cpu_seconds()
     cpu_plain = cpu_plain - c0 if c0 is not None else None
+
+    t_wide, cpu_wide, wide_scores = _plain_two_wide(subs, args.assignments)
 
     ours = _course(subs, args.assignments)
     rows = []
@@ -136,7 +170,7 @@ def main() -> None:
     rows.append((f"grade autograde --jobs {args.jobs}", t_ours, cpu_ours))
 
     a_scores, b_scores = _nbgrader_scores(plain), _nbgrader_scores(ours)
-    differ = sorted(k for k in a_scores if a_scores[k] != b_scores.get(k))
+    differ = sorted(k for k in a_scores if a_scores[k] != b_scores.get(k) or a_scores[k] != wide_scores.get(k))
     timings = []
     for a in args.assignments:
         for name in os.listdir(os.path.join(ours, "graded", a)):
@@ -144,10 +178,14 @@ def main() -> None:
                 timings.append(json.load(f).get("timings", {}))
     n = len(subs)
     print(f"\n{'':34}{'wall':>10}{'per submission':>17}{'busy CPU per submission':>26}")
-    for label, wall, cpu in [("nbgrader autograde, sequential", t_plain, cpu_plain)] + rows:
+    for label, wall, cpu in [("nbgrader autograde, sequential", t_plain, cpu_plain),
+                             ("nbgrader autograde, two at a time", t_wide, cpu_wide)] + rows:
         cpu_text = f"{cpu / n:25.1f}s" if cpu is not None else f"{'-':>26}"
         print(f"{label:34}{wall:9.0f}s{wall / n:16.1f}s{cpu_text}")
-    print(f"speed-up: {t_plain / t_ours:.2f}x")
+    print(f"speed-up: {t_plain / t_ours:.2f}x against sequential nbgrader, {t_wide / t_ours:.2f}x against "
+          f"nbgrader two at a time")
+    if cpu_plain and cpu_ours:
+        print(f"busy CPU per submission: {cpu_ours / cpu_plain:.2f}x plain sequential nbgrader's")
     print(f"scores identical for every student and cell: {not differ}" + (f" (differ: {differ[:5]})" if differ else ""))
     print(f"\none submission in the course's command (median over {len(timings)}; seconds of one worker):")
     for key in ("trusted_run", "feedback", "total"):
