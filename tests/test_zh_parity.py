@@ -387,9 +387,13 @@ MARKER_CEILINGS = {"bare 一个 (an article: 'a rank' is 'rank')": (BARE_YIGE, 3
 
 
 def chinese_texts() -> list[tuple[str, str]]:
-    """(where, markdown) of every Chinese text: the lessons, and the notebooks' translations (one per cell)."""
+    """(where, markdown) of every Chinese prose text: the lessons, and the notebooks' translations (one per
+    markdown cell). Not the code cells' catalogues (zh/notebooks/*.code.md): their line breaks are the lines of
+    a comment or a docstring, and their terse register is a code comment's (tests/test_zh_code_cells.py)."""
     out = [(rel, lesson(rel).text) for rel in chinese_lessons()]
     for path in sorted(glob.glob(os.path.join(ROOT, ZH, "notebooks", "*.md"))):
+        if path.endswith(".code.md"):
+            continue
         text = open(path, encoding="utf-8").read()
         # the translations only: each entry's English is in an HTML comment (autograder/authoring/translations.py)
         # (blanked line for line, so that line numbers stay the file's)
