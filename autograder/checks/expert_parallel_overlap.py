@@ -549,15 +549,16 @@ def _check_poison(res, *, rank, ctx, labels, done, timelines) -> None:
                    + (f", completed at #{done[s][0]} by {done[s][1]})" if s in done else ", never completed)")
                    for s in m["in_flight"]]
         still = (f" At #{m['seq']} these were still in flight: {'; '.join(waiting)}." if waiting else "")
+        note = _HELD_NOTE + still  # one field (two side by side would be matched as one word by the translation)
         if phase == "forward":
             raise CheckFailure(
                 f"rank {rank} ({ctx}): forward: local expert {m['expert']} computed (#{m['seq']}) on rows that had "
-                f"not arrived: its input held NaN. {_HELD_NOTE}{still} A half's experts (and anything computed "
+                f"not arrived: its input held NaN. {note} A half's experts (and anything computed "
                 f"from its received buffer) must run after that half's dispatch all-to-all is waited. "
                 f"{timelines[phase]}")
         raise CheckFailure(
             f"rank {rank} ({ctx}): backward: local expert {m['expert']}'s backward ran (#{m['seq']}) on an output "
-            f"gradient that had not arrived: it held NaN. {_HELD_NOTE}{still} A half's experts' backward must run "
+            f"gradient that had not arrived: it held NaN. {note} A half's experts' backward must run "
             f"after that half's combine-backward all-to-all (its output gradient, travelling to the experts) is "
             f"waited. {timelines[phase]}")
     for key, phase, what in (("out", "forward", "the layer's output (what combine brought home)"),

@@ -117,6 +117,12 @@ RUNTIME = {
         "run_distributed：rank {} 计算了 {} CPU 秒仍未结束（这是本次运行的预算；正确的实现只需要其中一小部分，在"
         "繁忙的机器上也是如此：预算计的是 CPU 时间，不是挂钟时间）（world size {}）。死循环？下面是每个 rank 的栈；"
         "所有 rank 都已停止。",
+    "run_distributed: rank(s) {} stopped: for {} s none of them ran, made progress or waited for a CPU (the "
+    "operating system's record: they were asleep, not slowed by a busy machine) (world size {}). A `time.sleep`, "
+    "or a wait for something that never comes? Each rank's stack is below; every rank was stopped.":
+        "run_distributed：rank {} 被停止了：{} s 内它们既没有运行、没有进展，也没有在等 CPU（这是操作系统的记录："
+        "它们在睡眠，而不是被繁忙的机器拖慢）（world size {}）。是 `time.sleep`，还是在等一个永远等不到的结果？"
+        "下面是每个 rank 的栈；所有 rank 都已停止。",
     "run_distributed: rank(s) {} failed (world size {}).": "run_distributed：rank {} 失败（world size {}）。",
     "rank {} raised an exception, and rank(s) {} the same one{}": "rank {} 抛出了异常，rank {} 抛出了同一个异常{}",
     " (`{}` is still a stub: implement it first)": "（`{}` 仍是 stub：先实现它）",
@@ -689,10 +695,20 @@ CHECKS: dict[str, str] = {
         '有东西在某个 micro-batch 的 W（或它的完整 B）之后还保留着它保存的张量：W state 没有丢掉，或者别处还有引用。',
     'What a later W needs was dropped or never kept. ':
         '后面某个 W 需要的东西被丢掉了，或者从没保留。',
-    'rank {} (group rank {} of {}; {}): right after its forward #{} ({}) {}. {}Alive after each forward (outputs, W inputs): {}; needed: {}.':
-        'rank {}（组内 rank {}/{}；{}）：刚做完前向 #{}（{}）时{}。{}每次前向之后活着的（输出，W 的输入）：{}；需要的：{}。',
-    'rank {} (group rank {}; {}): after run_pipeline_zb returned, {} stage output(s) and {} input(s) kept for a weight gradient are still alive: drop every output, W state and send handle before the step ends':
-        'rank {}（组内 rank {}；{}）：run_pipeline_zb 返回之后，还有 {} 个 stage 输出和 {} 个为权重梯度保留的输入活着：一步结束之前丢掉每个输出、W state 和 send handle',
+    "{} stage input(s) it received (activations from the previous stage) were alive, but its schedule needs at most {} (forwarded, W not yet run: the stage's graph keeps an input until the W that reads it, and nothing needs it after)":
+        '收到的 stage 输入（上一个 stage 的激活）有 {} 个活着，但它的调度最多只需要 {} 个（已前向，W 尚未运行：stage 的计算图保留一个输入，直到读它的那个 W，之后就没有谁需要它了）',
+    "Something keeps a micro-batch's input after its W (or its whole B): a dict entry read instead of removed, a list of inputs, a local still naming one. ":
+        '有东西在某个 micro-batch 的 W（或它的完整 B）之后还保留着它的输入：只读取而没有删除的 dict 条目，一个输入列表，或者仍指向某个输入的局部变量。',
+    "{} output gradient(s) of the stage's weighted layers (what backward_input leaves for W: the W state) were alive, but its schedule needs at most {} (Bs whose W has not run yet)":
+        '该 stage 中带权重的层的输出梯度（backward_input 留给 W 的数据：W state）有 {} 个活着，但它的调度最多只需要 {} 个（W 尚未运行的 B）',
+    'Something keeps a W state after its W: the state left in its dict (W run on a copy, or read instead of removed), a list of states, a reference kept elsewhere. ':
+        '有东西在 W 之后还保留着它的 W state：state 留在了 dict 里（W 在副本上运行，或者只读取而没有删除），一个 state 列表，或者别处还有引用。',
+    'rank {} (group rank {} of {}; {}): right after its forward #{} ({}) {}. {}{}':
+        'rank {}（组内 rank {}/{}；{}）：刚做完前向 #{}（{}）时{}。{}{}',
+    'Alive after each forward (outputs, W inputs, stage inputs, W-state gradients): {}; needed (the last two at most): {}.':
+        '每次前向之后活着的（输出，W 的输入，stage 输入，W state 的梯度）：{}；需要的（后两项是上限）：{}。',
+    'rank {} (group rank {}; {}): after run_pipeline_zb returned, {} stage output(s), {} input(s) kept for a weight gradient, {} received stage input(s) and {} W-state gradient(s) are still alive: drop every output, input, W state and send handle before the step ends':
+        'rank {}（组内 rank {}；{}）：run_pipeline_zb 返回之后，还有 {} 个 stage 输出、{} 个为权重梯度保留的输入、{} 个收到的 stage 输入和 {} 个 W state 的梯度活着：一步结束之前丢掉每个输出、输入、W state 和 send handle',
     "plot_zb_timelines: runs[{}]: style must be 'loop' or 'v', got {}":
         "plot_zb_timelines：runs[{}]：style 必须是 'loop' 或 'v'，实际是 {}",
     # checks/context_parallel.py
@@ -1038,12 +1054,32 @@ CHECKS: dict[str, str] = {
         'rank {}（{}）：{}：{} 的 all-to-all（#{}）是同步的：它要等各行到达才返回，于是第 {} 半的 expert 无法同时运行。用 dist.all_to_all_single(..., async_op=True) 发起它，在第 {} 半的 expert 之后再等待它的 work。{}',
     'posted after they started':
         '在它们开始之后才发起',
-    'waited before they ended':
-        '在它们结束之前就等待了',
+    'by {}, before they ended':
+        '在它们结束之前就由 {} 完成了',
     'run their backward':
         '做反向',
-    "rank {} ({}): {}: {} all-to-all must be in flight while half {}'s experts {} (#{} to #{}): posted before #{} and waited after #{}; it was posted at #{} and waited at #{} ({}). ":
-        'rank {}（{}）：{}：{} 的 all-to-all 必须在第 {} 半的 expert {}（#{} 到 #{}）时处于进行中：在 #{} 之前发起，在 #{} 之后等待；它在 #{} 发起，在 #{} 等待（{}）。',
+    "rank {} ({}): {}: {} all-to-all must be in flight while half {}'s experts {} (#{} to #{}): posted before #{} and waited after #{}; it was posted at #{} and completed at #{} ({}).{} ":
+        'rank {}（{}）：{}：{} 的 all-to-all 必须在第 {} 半的 expert {}（#{} 到 #{}）时处于进行中：在 #{} 之前发起，在 #{} 之后等待；它在 #{} 发起，在 #{} 完成（{}）。{}',
+    "rank {} ({}): {}: half {}'s {} all-to-all (#{}) must be waited before half {}'s experts {} on what it brings (from #{}); it was completed at #{} by {}. {}":
+        'rank {}（{}）：{}：第 {} 半的 {} all-to-all（#{}）必须在第 {} 半的 expert {}（从 #{} 起）用到它带来的数据之前被等待；它是在 #{} 由 {} 完成的。{}',
+    "The check's transport holds every asynchronous all-to-all: until its work is waited (or completed another way: is_completed(), get_future(), synchronize(), result(), a barrier), its output buffer holds NaN, the check's poison, whatever the machine's speed.":
+        '检查的传输层会扣住每个异步 all-to-all：在它的 work 被等待（或以别的方式完成：is_completed()、get_future()、synchronize()、result()、barrier）之前，它的输出 buffer 里都是 NaN，即检查的毒值（poison），不论机器快慢。',
+    "NaN on rank(s) {} is the check's poison: rows of an all-to-all were read before its work was waited. {} test_moe_overlap says where (print_overlap_timeline shows the order).":
+        'rank {} 上的 NaN 是检查的毒值（poison）：某个 all-to-all 的行在它的 work 被等待之前就被读取了。{}test_moe_overlap 会指出是哪里（print_overlap_timeline 显示顺序）。',
+    'a barrier of its group (dist.barrier)':
+        '它所在组的一次 barrier（dist.barrier）',
+    ' At #{} these were still in flight: {}.':
+        '在 #{} 时仍在进行中的有：{}。',
+    "rank {} ({}): forward: local expert {} computed (#{}) on rows that had not arrived: its input held NaN. {} A half's experts (and anything computed from its received buffer) must run after that half's dispatch all-to-all is waited. {}":
+        'rank {}（{}）：forward：本地 expert {} 在尚未到达的行上做了计算（#{}）：它的输入是 NaN。{}每一半的 expert（以及任何用这一半收到的 buffer 算出的数据）都必须在这一半的 dispatch all-to-all 被等待之后运行。{}',
+    "rank {} ({}): backward: local expert {}'s backward ran (#{}) on an output gradient that had not arrived: it held NaN. {} A half's experts' backward must run after that half's combine-backward all-to-all (its output gradient, travelling to the experts) is waited. {}":
+        'rank {}（{}）：backward：本地 expert {} 的反向在尚未到达的输出梯度上运行了（#{}）：这个梯度是 NaN。{}每一半 expert 的反向都必须在这一半的 combine-backward all-to-all（它传给 expert 的输出梯度）被等待之后运行。{}',
+    "the layer's output (what combine brought home)":
+        '层的输出（combine 带回来的数据）',
+    "the input gradient (what dispatch's backward brought home)":
+        '输入梯度（dispatch 的反向带回来的数据）',
+    "rank {} ({}): {}: {} held NaN: rows of an all-to-all were read before its work was waited. {} Wait for each half's {} all-to-all before using what it received. {}":
+        'rank {}（{}）：{}：{}是 NaN：某个 all-to-all 的行在它的 work 被等待之前就被读取了。{}使用每一半的 {} all-to-all 收到的数据之前，先等待它。{}',
     "Post both halves' {} all-to-alls first, then wait for half {}'s only; post half {}'s {} as soon as its experts are done, and wait for it after half {}'s experts.":
         '先发起两半的 {} all-to-all，然后只等待第 {} 半的；第 {} 半的 expert 一做完就发起它的 {}，在第 {} 半的 expert 之后再等待它。',
     "In backward the same schedule runs in mirror: post both halves' {} all-to-alls, wait for one, run that half's experts' backward (torch.autograd.backward on its outputs), post its {} at once, then the other half.":
@@ -1207,6 +1243,8 @@ CHECKS: dict[str, str] = {
         '{}：期望课程参考 planner 排出的 {} 个最快的可行布局，最快的在前：{}；实际是 {}。memory_per_gpu、step_time 或 plan 有偏差时，搜索本身即使正确，排序也会错：先检查它们。',
     '{}: returned an infeasible plan: {} ({})':
         '{}：返回了一个不可行的方案：{}（{}）',
+    '{}: returned layouts with micro-batch {}, expected {} for every candidate: build each Layout with the micro_batch you were given (it changes the micro-batch count, the memory in flight, the bubble and every volume)':
+        '{}：返回的布局的 micro-batch 是 {}，期望每个候选都是 {}：用给你的 micro_batch 构造每个 Layout（它会改变 micro-batch 的个数、进行中的 micro-batch 占用的显存、bubble 和每一项通信量）',
 }
 
 ZH = {**RUNTIME, **CHECKS}
