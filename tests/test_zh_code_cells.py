@@ -44,7 +44,7 @@ from test_zh_notebooks import _build_source
 
 sys.path.insert(0, ROOT)
 from autograder.authoring.codetext import code_signature, english_prose_words, prose_units  # noqa: E402
-from autograder.authoring.translations import translate_notebook  # noqa: E402
+from autograder.authoring.translations import english_notebook, translate_notebook  # noqa: E402
 from autograder.runtime import messages  # noqa: E402
 from solutions import submissions  # noqa: E402
 
@@ -109,6 +109,22 @@ def test_the_chinese_build_keeps_the_code_and_the_grading_ids(assignment, tmp_pa
     assert changed >= 10, f"{assignment}: only {changed} code cells translated"
     setup = next(c.source for c in zh.cells if "course_notebook(" in c.source)
     assert 'language="zh")' in setup and '"练习 1": [' in setup, setup[-300:]
+
+
+@pytest.mark.parametrize("assignment", assignments())
+def test_a_chinese_release_reads_back_into_the_english_one(assignment):
+    """The site reads release/ in English whichever language it was built in (docs/build_site.py): undoing the
+    translation gives every cell back, code cells' comments, docstrings, strings and nbgrader checksums included."""
+    path = submissions.notebook_path("release", assignment)
+    english = nbformat.read(path, as_version=4)
+    nb = nbformat.read(path, as_version=4)
+    assert not translate_notebook(nb, ROOT, assignment, "zh")
+    assert any(a.source != b.source for a, b in zip(nb.cells, english.cells) if a.cell_type == "code")
+    english_notebook(nb, ROOT, assignment)
+    differ = [i for i, (a, b) in enumerate(zip(nb.cells, english.cells)) if a != b]
+    assert not differ and nb.metadata == english.metadata, (
+        f"cells {differ[:5]} of {assignment} differ after the round trip: {nb.cells[differ[0]].source[:300]!r}"
+        if differ else "the notebook's metadata differs")
 
 
 @pytest.mark.parametrize("assignment", assignments())

@@ -879,7 +879,7 @@ def build() -> NotebookBuilder:
                reason="layers")
     # a micro-batch larger than a DP rank's share of the batch: not even one micro-batch per step
     check_plan(plan, LLAMA3_8B, Cluster(64), Layout(tp=8, dp=8, micro_batch=4), Training(seq_len=8192, global_batch=16),
-               feasible=False, reason="global batch")
+               reason="global batch", feasible=False)
     check_plan(plan, LLAMA3_8B, Cluster(64), Layout(tp=8, dp=8, micro_batch=2), Training(seq_len=8192, global_batch=16),
                feasible=True)
     """)

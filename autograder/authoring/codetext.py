@@ -303,7 +303,30 @@ def code_signature(source: str) -> str:
     return ast.dump(Blank().visit(tree), include_attributes=False)
 
 
-def translate_code(source: str, table: dict, lang: str, *, secret: bool = True) -> tuple[str, list[str]]:
+def _rule_back(source: str, toks, unit: Unit, lang: str) -> str | None:
+    """`_rule` undone: the English of a unit a fixed rule translated into `lang`, else None."""
+    if unit.kind != "string" or len(unit.spans) != 1:
+        return None
+    if lang in LABELS:
+        m = re.fullmatch(re.escape(LABELS[lang]).replace(re.escape("{}"), r"(\d+)"), unit.english)
+        if m:
+            return f"Exercise {m.group(1)}"
+    if unit.english == lang and "course_notebook(" in source:
+        before = source[:unit.spans[0][0]].rstrip()
+        if re.search(r"\blanguage\s*=$", before):
+            return "en"
+    return None
+
+
+def english_code(source: str, back: dict, lang: str) -> str:
+    """`translate_code` undone: `source` (a code cell built in `lang`) with each unit's English back, from `back`
+    ({translation: English}, the code catalogue read backwards) and the fixed rules. ValueError where that
+    changes the code."""
+    return translate_code(source, back, lang, secret=False, _rule=_rule_back)[0]
+
+
+def translate_code(source: str, table: dict, lang: str, *, secret: bool = True,
+                   _rule=_rule) -> tuple[str, list[str]]:
     """`source` with each unit found in `table` (and each fixed rule) replaced. Returns (the new source, the
     English of the prose units left untranslated). Units in a solution or hidden-test region are left alone
     (`secret`: regions marked in a source notebook). ValueError when a translation does not fit its place or

@@ -242,16 +242,26 @@ def translate_notebook(nb, root: str, assignment: str, lang: str, code_missing: 
 
 def english_notebook(nb, root: str, assignment: str) -> None:
     """Undo `translate_notebook` in place: each markdown cell of a translated notebook gets its English text back
-    (a cell left in English stays as it is) and the language mark goes, so the notebook is the English build's,
+    (a cell left in English stays as it is), each code cell the English of its comments, docstrings and strings and the language mark goes, so the notebook is the English build's,
     byte for byte. English is a no-op. ValueError when a cell is a translation the catalog no longer has (release/
     was built before the catalog changed: build it again)."""
+    from autograder.authoring.codetext import english_code
+
     lang = notebook_language(nb)
     if lang == "en":
         return
     entries = load_catalog(catalog_path(root, lang, assignment))
     english = {e.english for e in entries}      # (a cell whose English changed stays English in the build)
     back = {e.text: e.english for e in entries if not e.todo}
+    code_back = {text: en for en, text in _table(code_catalog_path(root, lang, assignment)).items()}
     for i, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] == "code":  # the prose of its comments, docstrings and strings
+            new = english_code(_text(cell), code_back, lang)
+            if new != _text(cell):  # in the form it was read in (nbformat's JSON keeps a list of lines)
+                cell["source"] = new.splitlines(keepends=True) if isinstance(cell["source"], list) else new
+                if "checksum" in cell["metadata"].get("nbgrader", {}):  # nbgrader's, of the English cell
+                    cell["metadata"]["nbgrader"]["checksum"] = _checksum(cell)
+            continue
         if cell["cell_type"] != "markdown":
             continue
         text = _text(cell)
