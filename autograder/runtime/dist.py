@@ -1161,6 +1161,11 @@ def _supervise(procs: list[_RankProcess], workdir: str, timeout: float, show_out
         summary = (f"run_distributed: deadlock: every rank still running ({names}) was waiting on its peers at "
                    f"the same place at two looks {DEADLOCK_IDLE_S:g} s apart, and none made progress in between "
                    f"(world size {world_size}). Where each rank was waiting is below; every rank was stopped.")
+    elif stalled and all(_waiting_in_communication(stacks.get(r, "")) for r in stuck):
+        # every rank asleep, each waiting on its peers (its stack): a deadlock shown by both records
+        summary = (f"run_distributed: deadlock: every rank still running ({names}) was waiting on its peers, and "
+                   f"for {stalled:.0f} s none of them ran, made progress or waited for a CPU (world size "
+                   f"{world_size}). Where each rank was waiting is below; every rank was stopped.")
     elif stalled:
         summary = (f"run_distributed: rank(s) {names} stopped: for {stalled:.0f} s none of them ran, made progress "
                    f"or waited for a CPU (the operating system's record: they were asleep, not slowed by a busy "
