@@ -3,7 +3,8 @@
     grading/     the instructor's machine: the grading command, class runs, the trusted run,
                  the sandbox, intake, nbgrader plugins, exports, Gradescope
     authoring/   building the course: the notebook builder, the student and Gradescope packages
-    checks/      one module per assignment: the readable spec of what is graded
+    checks/      one package per assignment (checks/<dim>/, as solutions/<dim>/): the readable
+                 spec of what is graded, its __init__ listing exercise -> check
     runtime/     what a student's visible test runs: the rank runner, collective agreement,
                  the ledger, comparisons, the student-facing report
     lessons/     what the lessons compute and draw: volumes and times, hardware figures,

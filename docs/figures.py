@@ -128,7 +128,7 @@ def one_f_one_b_actions(p: int, s: int, m: int) -> list:
 
 
 def pp_schedules():
-    from autograder.checks.pipeline_schedules import simulate_schedules
+    from autograder.checks.pipeline_parallel import simulate_schedules
     from autograder.lessons.plots import new_figure
     from autograder.lessons.volume import pp_bubble_fraction
 
@@ -159,7 +159,7 @@ def pp_schedules():
 
 
 def _peak(actions) -> int:
-    from autograder.checks.pipeline_schedules import in_flight_peak
+    from autograder.checks.pipeline_parallel import in_flight_peak
 
     return in_flight_peak(actions)
 

@@ -65,7 +65,8 @@ CASES = [
     Case("checks_redefined_as_noops", "untouched",
          "check_mapping = lambda *a, **k: None\nchecking = __import__('contextlib').nullcontext"),
     Case("check_code_replaced_in_place", "untouched",
-         "import autograder.checks.tensor_parallel as _m\n_m.check_mapping.__code__ = (lambda *a, **k: None).__code__"),
+         "import autograder.checks.tensor_parallel.mappings as _m\n"
+         "_m.check_mapping.__code__ = (lambda *a, **k: None).__code__"),
     Case("custom_exc_and_post_run_hook", "untouched",
          "try:\n    _ip = get_ipython()\n    _ip.set_custom_exc((BaseException,), lambda *a, **k: None)\n"
          "    _ip.events.register('post_run_cell', lambda r: setattr(r, 'error_in_exec', None))\n"
@@ -80,9 +81,10 @@ CASES = [
          "        return _ast.fix_missing_locations(node)\ntry:\n    get_ipython().ast_transformers.append(_Wrap())\n"
          "except NameError:\n    pass"),
     Case("run_distributed_returns_nothing", "untouched",
-         "import autograder.checks.tensor_parallel as _m\n_m.run_distributed = lambda *a, **k: []"),
+         "import autograder.checks.tensor_parallel as _tp\nfor _m in (_tp.mappings, _tp.layers, _tp.loss):\n"
+         "    _m.run_distributed = lambda *a, **k: []"),
     Case("comparisons_made_noops", "untouched",
-         "import autograder.checks.tensor_parallel as _m\n_m.assert_close = lambda *a, **k: None\n"
+         "import autograder.checks.tensor_parallel.mappings as _m\n_m.assert_close = lambda *a, **k: None\n"
          "_m._expect_mapping_comm = lambda *a, **k: None\n_m.check_consistent = lambda *a, **k: None"),
     Case("checking_swallows_failures", "untouched",
          "import contextlib as _c\n@_c.contextmanager\ndef checking(*a, **k):\n    try:\n        yield\n"
@@ -156,9 +158,9 @@ CASES = [
     Case("breaks_the_course_runner_it_runs_on", "reference",
          "import sys as _s\n_s.modules['autograder.runtime.plaindata'] = None", 0),
     Case("replaces_the_checks_rank_program", "untouched",
-         "import autograder.checks.tensor_parallel as _m\n"
-         "for _n in dir(_m):\n    if _n.endswith('_rank') and callable(getattr(_m, _n)):\n"
-         "        setattr(_m, _n, lambda rank, world_size, *a, **k: {'forged': True})"),
+         "import autograder.checks.tensor_parallel as _tp\nfor _m in (_tp.mappings, _tp.layers, _tp.loss):\n"
+         "    for _n in dir(_m):\n        if _n.endswith('_rank') and callable(getattr(_m, _n)):\n"
+         "            setattr(_m, _n, lambda rank, world_size, *a, **k: {'forged': True})"),
     # the runner replaced in the notebook's own process so that every invalid call "raised ValueError naming
     # the sizes" (0 -> 5 before): rebound by name it serves nothing (the zygote's runtime is bound before the
     # cells run); its code replaced in place, the cell is flagged (tests/test_forged_verdicts.py)

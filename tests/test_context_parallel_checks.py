@@ -24,6 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import autograder.checks.context_parallel as checks  # noqa: E402
+from autograder.checks.context_parallel import common, ring  # noqa: E402 - their helpers, tested directly
 from autograder.runtime.compare import CheckFailure  # noqa: E402
 from autograder.runtime.dist import DistributedError, run_distributed  # noqa: E402
 from autograder.runtime.ledger import CommLedger, CommRecord  # noqa: E402
@@ -47,7 +48,7 @@ def test_reference_attention_equals_sdpa(causal, q_offset, k_offset):
     q, k, v, dout = _qkv(0)
     q, dout = q[:, :4], dout[:, :4]
     out, lse = checks.reference_attention(q, k, v, causal=causal, q_offset=q_offset, k_offset=k_offset)
-    mask = checks._visible(4, 8, causal, q_offset, k_offset)
+    mask = common._visible(4, 8, causal, q_offset, k_offset)
     qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
     ref = F.scaled_dot_product_attention(qr.transpose(1, 2), kr.transpose(1, 2), vr.transpose(1, 2),
                                          attn_mask=mask).transpose(1, 2)
@@ -72,8 +73,8 @@ def test_layouts():
     x = torch.arange(16)[None]
     assert checks.zigzag_shard(x, 1, 4)[0].tolist() == [2, 3, 12, 13]
     assert checks.contiguous_shard(x, 1, 4)[0].tolist() == [4, 5, 6, 7]
-    assert checks._span([0, 1, 2, 3, 12, 13]) == "0-3, 12-13"
-    assert checks._cp_groups(4, 2) == [[0, 2], [1, 3]] and checks._cp_groups(3, 3) == [[0, 1, 2]]
+    assert ring._span([0, 1, 2, 3, 12, 13]) == "0-3, 12-13"
+    assert ring._cp_groups(4, 2) == [[0, 2], [1, 3]] and ring._cp_groups(3, 3) == [[0, 1, 2]]
 
 
 # ---------------------------------------------------------------------------
@@ -104,7 +105,7 @@ def test_ledger_records_batched_p2p_with_group_rank_peers():
 
 def test_flop_trace_agrees_with_flop_counter_mode():
     q, k, v, _ = _qkv(2)
-    with checks._FlopTrace() as trace:
+    with ring._FlopTrace() as trace:
         with FlopCounterMode(display=False) as counter:
             attention_with_lse(q, k, v, causal=True)
     assert sum(trace.flops.values()) == counter.get_total_flops() == 2 * 2 * (2 * 3 * 8 * 8 * 4)
@@ -116,13 +117,13 @@ def test_steps_are_cut_at_the_first_wait_after_each_transfer():
 
     records = [rec("send", 1), rec("recv", 2), rec("wait", 5), rec("wait", 6), rec("send", 7), rec("recv", 8),
                rec("wait", 10)]
-    assert [[r.seq for r in g] for g in checks._post_groups(records, "forward")] == [[1, 2], [7, 8]]
-    assert checks._steps(records, {3: 10, 4: 5, 9: 7, 11: 1}) == [15, 7, 1]
+    assert [[r.seq for r in g] for g in ring._post_groups(records, "forward")] == [[1, 2], [7, 8]]
+    assert ring._steps(records, {3: 10, 4: 5, 9: 7, 11: 1}) == [15, 7, 1]
     # a buffer allocated between a send and its receive (seq 2 is an op without FLOPs) stays one transfer;
     # a matmul between two posts splits them
     records = [rec("send", 1), rec("recv", 3), rec("send", 5), rec("wait", 6)]
-    assert [[r.seq for r in g] for g in checks._post_groups(records, "forward", {2: 0, 4: 0})] == [[1, 3, 5]]
-    assert [[r.seq for r in g] for g in checks._post_groups(records, "forward", {4: 8})] == [[1, 3], [5]]
+    assert [[r.seq for r in g] for g in ring._post_groups(records, "forward", {2: 0, 4: 0})] == [[1, 3, 5]]
+    assert [[r.seq for r in g] for g in ring._post_groups(records, "forward", {4: 8})] == [[1, 3], [5]]
 
 
 # ---------------------------------------------------------------------------
@@ -189,7 +190,7 @@ def test_sdpa_inside_the_ring_is_invisible_to_flop_counting():
     """SDPA counts 0 FLOPs on CPU: the balance check says so instead of passing or failing obscurely."""
 
     def sdpa_attention(q, k, v, *, causal, q_offset=0, k_offset=0):
-        mask = checks._visible(q.shape[1], k.shape[1], causal, q_offset, k_offset)
+        mask = common._visible(q.shape[1], k.shape[1], causal, q_offset, k_offset)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                              attn_mask=mask).transpose(1, 2)
         scores = (q.unsqueeze(2) * k.unsqueeze(1)).sum(-1) / q.shape[-1] ** 0.5  # [b, sq, sk, n], no matmul
@@ -252,10 +253,10 @@ def test_pictures_are_images_of_the_measured_work():
 
 def test_the_lessons_trace_is_the_references():
     """02_ring_attention.md quotes rank 0's forward trace at w = 2: it is what the check prints."""
-    case, _, results = checks._run_ring(ring_attention, "contiguous", world_size=2, cp_size=None, causal=False,
+    case, _, results = ring._run_ring(ring_attention, "contiguous", world_size=2, cp_size=None, causal=False,
                                         batch=2, seq=8, n_heads=3, head_dim=4, dtype=torch.float64, seed=0,
                                         logit_scale=1.0, backward=False, backend="gloo", timeout=20)
-    lines = checks._timeline(results[0]["records"], results[0]["ops"], results[0]["flops"]).splitlines()
+    lines = ring._timeline(results[0]["records"], results[0]["ops"], results[0]["flops"]).splitlines()
     lesson = open(os.path.join(ROOT, "assignments", "04_context_parallel", "02_ring_attention.md"),
                   encoding="utf-8").read()
     quoted = [line for line in lines if "send" in line or "recv" in line or "bmm" in line]

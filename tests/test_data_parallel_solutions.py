@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from autograder.checks import data_parallel as checks  # noqa: E402
-from autograder.checks import data_parallel_fsdp as fsdp_checks  # noqa: E402
+from autograder.checks.data_parallel import fsdp as fsdp_checks  # noqa: E402
 from autograder.runtime.dist import run_distributed  # noqa: E402
 from autograder.runtime.ledger import CommLedger  # noqa: E402
 from solutions.data_parallel.ddp import (BucketedDDP, all_reduce_gradients, broadcast_module_states,  # noqa: E402

@@ -36,7 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import autograder.checks.expert_parallel as checks  # noqa: E402
-import autograder.checks.expert_parallel_overlap as checks_overlap  # noqa: E402
+from autograder.checks.expert_parallel import overlap as checks_overlap  # noqa: E402
 from autograder.runtime.compare import CheckFailure  # noqa: E402
 from autograder.runtime.dist import DistributedError, run_distributed  # noqa: E402
 from autograder.runtime.ledger import CommLedger  # noqa: E402

@@ -197,6 +197,31 @@ def test_every_subpackage_is_ranked_and_says_what_it_is_for():
         "autograder/__init__.py imports nothing (importing one layer must not import the others)"
 
 
+def test_the_checks_are_a_package_per_dimension_as_the_solutions_are():
+    """autograder/checks/<dim>/ for each solutions/<dim>/, no module over about 1,000 lines, and each package's
+    __init__ lists its exercises and re-exports every public name of its modules (a notebook imports from there)."""
+    checks = os.path.join(PACKAGE, "checks")
+    dims = sorted(os.path.basename(os.path.dirname(p)) for p in glob.glob(os.path.join(ROOT, "solutions", "*", "__init__.py")))
+    packages = sorted(os.path.basename(os.path.dirname(p)) for p in glob.glob(os.path.join(checks, "*", "__init__.py")))
+    assert packages == dims, f"autograder/checks/ holds {packages}; solutions/ {dims}"
+    assert [os.path.basename(p) for p in glob.glob(os.path.join(checks, "*.py"))] == ["__init__.py"], \
+        "a check module belongs to the package of its dimension"
+    long = [f"{os.path.relpath(p, ROOT)} ({n} lines)" for p in glob.glob(os.path.join(checks, "*", "*.py"))
+            if (n := len(open(p, encoding="utf-8").read().splitlines())) > 1000]
+    assert not long, f"split these along their exercises: {long}"
+    for dim in dims:
+        init = os.path.join(checks, dim, "__init__.py")
+        doc = ast.get_docstring(ast.parse(open(init, encoding="utf-8").read())) or ""
+        assert "Exercise -> check" in doc, f"{os.path.relpath(init, ROOT)}: its docstring lists exercise -> check"
+        exported = set(_module_all(f"autograder.checks.{dim}") or ())
+        for path in sorted(glob.glob(os.path.join(checks, dim, "*.py"))):
+            name = os.path.basename(path)[:-3]
+            if name == "__init__":
+                continue
+            missing = set(_module_all(f"autograder.checks.{dim}.{name}") or ()) - exported
+            assert not missing, f"autograder/checks/{dim}/__init__.py does not re-export {sorted(missing)} of {name}.py"
+
+
 def _declared_dependencies() -> set[str]:
     tomllib = pytest.importorskip("tomllib")
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
@@ -237,8 +262,11 @@ def _notebook_imports(path: str) -> list[tuple[str, str]]:
 
 
 def _module_all(module: str) -> list[str] | None:
-    """The module's `__all__` (literal lists, `=` then `+=`) if it states one, else None (read from its source)."""
+    """The module's `__all__` (literal lists, `=` then `+=`) if it states one, else None (read from its source; a
+    package's from its __init__.py, as the checks' packages state theirs)."""
     path = os.path.join(ROOT, *module.split(".")) + ".py"
+    if not os.path.isfile(path):
+        path = os.path.join(ROOT, *module.split("."), "__init__.py")
     names = None
     for node in ast.parse(open(path, encoding="utf-8").read()).body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):

@@ -28,6 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import autograder.checks.pipeline_parallel as checks  # noqa: E402
+from autograder.checks.pipeline_parallel.executor import _join  # noqa: E402
 from autograder.runtime.compare import CheckFailure  # noqa: E402
 from autograder.runtime.dist import DistributedError, run_distributed  # noqa: E402
 from autograder.lessons.volume import pp_bubble_fraction, pp_peak_outputs  # noqa: E402
@@ -204,7 +205,7 @@ def _torch_rank(rank, world_size, kind, p, m, v, pp_ranks, b, h):
     """torch's own schedule on PipelineStage(s); records what it EXECUTES (forward_one_chunk / backward_one_chunk)."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-    group = checks._join(rank, [pp_ranks])
+    group = _join(rank, [pp_ranks])
     if group is None:
         return None
     r = group.rank()
@@ -247,7 +248,7 @@ def _torch_rank(rank, world_size, kind, p, m, v, pp_ranks, b, h):
 
 
 def _ours_rank(rank, world_size, kind, p, m, v, pp_ranks, b, h):
-    group = checks._join(rank, [pp_ranks])
+    group = _join(rank, [pp_ranks])
     if group is None:
         return None
     r = group.rank()

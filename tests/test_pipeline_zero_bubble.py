@@ -30,8 +30,8 @@ import torch.nn.functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from autograder.checks import pipeline_zero_bubble as zb  # noqa: E402
-from autograder.checks.pipeline_schedules import _plain, owner_of, pending_peak, simulate_schedules, stage_of  # noqa: E402,E501
+from autograder.checks.pipeline_parallel import split_backward as sb, zero_bubble as zb  # noqa: E402
+from autograder.checks.pipeline_parallel.schedules import _plain, owner_of, pending_peak, simulate_schedules, stage_of  # noqa: E402,E501
 from autograder.lessons.volume import pp_bubble_time, zb_readme_bubble_rate  # noqa: E402
 from autograder.runtime.dist import run_distributed  # noqa: E402
 from solutions.pipeline_parallel.executor_zb import _check_zb_args, run_pipeline_zb  # noqa: E402
@@ -111,9 +111,9 @@ def test_split_points_reject_a_parameter_used_twice():
 
 
 def test_public_split_checks_pass_on_the_reference_every_case():
-    cases = list(zb._SPLIT_CASES)
-    zb.check_split_backward(backward_input, backward_weight, cases=cases, batch=4, seed=2)
-    zb.check_split_backward_memory(backward_input, backward_weight, cases=cases, batch=4, seed=2)
+    cases = list(sb._SPLIT_CASES)
+    sb.check_split_backward(backward_input, backward_weight, cases=cases, batch=4, seed=2)
+    sb.check_split_backward_memory(backward_input, backward_weight, cases=cases, batch=4, seed=2)
 
 
 # ---------------------------------------------------------------------------
@@ -454,7 +454,7 @@ def test_only_joint_pairs_reproduce_dualpipes_formula(p, m):
 
 def test_show_schedules_prints_both_pair_models(capsys):
     """The notebook's DualPipeV scratch cell: the idle fraction with the course's pairs and with DeepSeek's."""
-    from autograder.checks.pipeline_schedules import show_schedules
+    from autograder.checks.pipeline_parallel import show_schedules
 
     show_schedules(dualpipev_schedule, num_stages=4, num_microbatches=8, num_chunks=2, style="v")
     last = capsys.readouterr().out.strip().splitlines()[-1]

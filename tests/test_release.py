@@ -143,8 +143,12 @@ def test_student_package_holds_no_solutions_or_hidden_tests(student_package):
     for module in ("runtime/dist.py", "runtime/ledger.py", "runtime/compare.py", "runtime/report.py",
                    "lessons/volume.py", "checks/__init__.py"):
         assert f"autograder/{module}" in names, names
-    for assignment in assignments():
-        assert f"autograder/checks/{assignment.split('_', 1)[1]}.py" in names, names
+    for assignment in assignments():  # a package per dimension, with its modules (setuptools finds subpackages)
+        dim = assignment.split('_', 1)[1]
+        assert f"autograder/checks/{dim}/__init__.py" in names, names
+        modules = {f"autograder/checks/{dim}/{os.path.basename(p)}"
+                   for p in glob.glob(os.path.join(ROOT, "autograder", "checks", dim, "*.py"))}
+        assert len(modules) > 1 and modules <= set(names), sorted(modules - set(names))
     assert not [n for n in names if n.startswith(("solutions/", "tests/", "source/"))], names
     layers = {n.split("/")[1] for n in names if n.startswith("autograder/") and n.count("/") >= 2}
     assert layers == {"runtime", "lessons", "checks"}, f"the student wheel holds {sorted(layers)}"

@@ -369,7 +369,7 @@ def test_the_figures_are_drawn_and_placed(site):
 def test_the_figures_small_functions_follow_their_lessons():
     """What a figure computes itself is the rule its lesson states, checked with the library."""
     from autograder.checks.data_parallel import check_zero_bytes_per_param
-    from autograder.checks.pipeline_schedules import in_flight_peak, simulate_schedules
+    from autograder.checks.pipeline_parallel import in_flight_peak, simulate_schedules
     from autograder.lessons.volume import pp_bubble_fraction
     from docs.figures import gpipe_actions, one_f_one_b_actions, ring_work, zero_bytes_lesson
 

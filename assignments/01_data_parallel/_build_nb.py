@@ -5,7 +5,7 @@
 
 Answer cells are cut from solutions/data_parallel/ (ddp.py, zero.py and
 fsdp.py: one source of truth); test cells call the public checks in
-autograder/checks/data_parallel.py and data_parallel_fsdp.py, with hidden cases.
+autograder/checks/data_parallel/ (ddp_zero.py and fsdp.py), with hidden cases.
 """
 
 import os
@@ -74,8 +74,6 @@ def build() -> NotebookBuilder:
         check_ddp_gradients, check_ddp_buckets, check_ddp_no_sync, check_zero_bytes_per_param,
         check_zero_matches_optimizer, check_zero_rounding, check_zero_state_sharded, check_zero_comm,
         expected_buckets, plot_memory_ledger, ddp_timeline, plot_ddp_timeline,
-    )
-    from autograder.checks.data_parallel_fsdp import (
         MixedPrecisionPolicy, TinyTransformer, check_fsdp_numerics, check_fsdp_comm, check_fsdp_memory,
         check_fsdp_mixed_precision, check_gather_full_params,
     )

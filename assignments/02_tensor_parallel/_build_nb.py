@@ -5,7 +5,7 @@
 
 Answer cells are cut from solutions/tensor_parallel/ (mappings.py, layers.py
 and loss.py: one source of truth); test cells call the public
-checks in autograder/checks/tensor_parallel.py, with hidden cases.
+checks in autograder/checks/tensor_parallel/, with hidden cases.
 """
 
 import os

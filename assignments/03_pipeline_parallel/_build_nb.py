@@ -5,8 +5,8 @@
 
 Answer cells are cut from solutions/pipeline_parallel/ (p2p.py, schedules.py,
 executor.py, split_backward.py and executor_zb.py: one source of truth); test
-cells call the public checks in autograder/checks/pipeline_parallel.py (which
-re-exports pipeline_schedules.py) and pipeline_zero_bubble.py, with hidden
+cells call the public checks in autograder/checks/pipeline_parallel/
+(schedules.py, executor.py, split_backward.py, zero_bubble.py), with hidden
 cases. Every visible test runs at a size where a message sent to the wrong
 neighbour, a wrong peer or a wrong order shows (3 or 4 stages, a pipeline group
 inside a larger world): tests/test_pipeline_parallel_notebook.py proves it with
@@ -94,8 +94,6 @@ def build() -> NotebookBuilder:
         TaggedStage, show_schedules, check_p2p_helpers, check_gpipe_schedule, check_one_f_one_b_schedule,
         check_bubble_fraction, check_run_pipeline, check_pipeline_memory, check_run_pipeline_errors,
         check_interleaved_schedule, plot_pipeline_timelines,
-    )
-    from autograder.checks.pipeline_zero_bubble import (
         check_split_backward, check_split_backward_memory, check_zb_h1_schedule, check_dualpipev_schedule,
         check_run_pipeline_zb, check_pipeline_zb_memory, plot_zb_timelines, torch_schedule_fn,
     )

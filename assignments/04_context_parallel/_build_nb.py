@@ -5,7 +5,7 @@
 
 Answer cells are cut from solutions/context_parallel/ (ring.py, zigzag.py
 and ulysses.py: one source of truth); test cells call the
-public checks in autograder/checks/context_parallel.py, with hidden cases.
+public checks in autograder/checks/context_parallel/, with hidden cases.
 """
 
 import os

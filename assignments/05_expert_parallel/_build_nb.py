@@ -5,7 +5,7 @@
 
 Answer cells are cut from solutions/expert_parallel/ (routing.py, layers.py
 and overlap.py: one source of truth); test cells call the public checks in
-autograder/checks/expert_parallel.py and expert_parallel_overlap.py, with
+autograder/checks/expert_parallel/ (overlap.py for the last exercise), with
 hidden cases.
 """
 
@@ -90,8 +90,6 @@ def build() -> NotebookBuilder:
         AllToAllGuard, check_topk_router, check_load_balancing_loss, check_permute, check_unpermute,
         check_exchange_token_counts, check_all_to_all, check_argument_errors, check_dispatch, check_combine,
         check_dispatcher_communication, check_token_dropping, check_moe_layer, plot_dispatch,
-    )
-    from autograder.checks.expert_parallel_overlap import (
         check_overlapped_moe_layer, check_moe_overlap, print_overlap_timeline,
     )
     """)

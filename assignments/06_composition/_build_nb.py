@@ -5,7 +5,7 @@
 
 Answer cells are cut from solutions/composition/ (layout.py, train.py and
 planner.py: one source of truth); test cells call the public checks
-in autograder/checks/composition.py, with hidden cases. The hidden rank-layout
+in autograder/checks/composition/, with hidden cases. The hidden rank-layout
 cases compare with an independent construction of Megatron-LM's groups (a
 reshape and permute of the rank grid, `_INDEPENDENT_LAYOUT` below), checked in
 tests/test_composition_solutions.py against Megatron's own published examples.

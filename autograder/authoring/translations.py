@@ -477,7 +477,7 @@ def code_phrases(root: str = PACKAGE_ROOT) -> dict[str, str]:
 
     paths = sorted(p for p in glob.glob(os.path.join(root, "autograder", "runtime", "*.py"))
                    if not os.path.basename(p).startswith("messages"))
-    paths += sorted(glob.glob(os.path.join(root, "autograder", "checks", "*.py")))
+    paths += sorted(glob.glob(os.path.join(root, "autograder", "checks", "**", "*.py"), recursive=True))
     out: dict[str, str] = {}
     for path in paths:
         with open(path, encoding="utf-8") as f:

@@ -1,5 +1,11 @@
-"""Public checks, one module per assignment: the readable spec of what is graded (in the student package).
+"""Public checks, one package per assignment: the readable spec of what is graded (in the student package).
 
+    data_parallel/  tensor_parallel/  pipeline_parallel/  context_parallel/  expert_parallel/  composition/
+
+named like the dimensions of solutions/. Each package's __init__ lists its
+exercises and the checks that grade them, and re-exports those checks (a
+notebook imports them from there: `from autograder.checks.tensor_parallel
+import check_mapping`); its modules split the assignment along its exercises.
 A notebook's test cells call these with the student's implementations; the
 hidden tests call the same functions with other world sizes, shapes, seeds and
 dtypes. Each check runs rank programs with autograder.runtime.dist.run_distributed and

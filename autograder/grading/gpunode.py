@@ -122,8 +122,8 @@ def _nccl_checks() -> dict[str, inspect.Signature]:
     import autograder.checks as pkg
 
     out = {}
-    for info in pkgutil.iter_modules(pkg.__path__):
-        mod = importlib.import_module(f"{pkg.__name__}.{info.name}")
+    for info in pkgutil.walk_packages(pkg.__path__, f"{pkg.__name__}."):  # a package per dimension, its modules
+        mod = importlib.import_module(info.name)
         for name, obj in vars(mod).items():
             if callable(obj) and (getattr(obj, "__module__", "") or "").startswith("autograder.checks"):
                 try:

@@ -213,7 +213,7 @@ CHECKS: dict[str, str] = {
         'rank {}：{}：ValueError 是在通信之后才抛出的；请在 {} 之前就检查参数：',
     'rank {}: {}: the ValueError should name the sizes involved ({}); its message was: {}':
         'rank {}：{}：ValueError 应该指出相关的大小（{}）；它的消息是：{}',
-    # checks/data_parallel.py
+    # checks/data_parallel/ddp_zero.py
     'rank {}: parameter {} is missing from the model after {}.':
         'rank {}：{2} 之后模型里没有参数 {1} 了。',
     'grad of {} (unused)':
@@ -270,7 +270,7 @@ CHECKS: dict[str, str] = {
         'rank {0}（{1}）：优化器状态 {2} 有 {3} 个元素，但本 rank 要更新其区间 [{5}, {6}) 中 {4} 个有梯度的元素；每个都需要自己的状态。',
     'rank {} ({}): optimizer state {} has dtype {}, expected {} for {} parameters.':
         'rank {0}（{1}）：优化器状态 {2} 的 dtype 是 {3}，{5} 参数应为 {4}。',
-    # checks/data_parallel_fsdp.py
+    # checks/data_parallel/fsdp.py
     "rank {}: after fully_shard, module(s) {} have no parameter named 'flat_param' (this rank's shard of the unit's flat buffer).":
         "rank {}：fully_shard 之后，模块 {} 没有名为 'flat_param' 的参数（本 rank 在该单元 flat buffer 中的 shard）。",
     '{}, fully_shard per block then root, world size {}, reshard_after_forward={}{}, {}':
@@ -321,7 +321,7 @@ CHECKS: dict[str, str] = {
         'rank {}（{}）：gather_full_params 的键与未切分模型的 state_dict() 不同：缺少 {}，多出 {}。',
     "rank {} ({}): gather_full_params changed the model's parameters {}; it must leave the shards as they are.":
         'rank {}（{}）：gather_full_params 改变了模型的参数 {}；它必须让各 shard 保持原样。',
-    # checks/tensor_parallel.py
+    # checks/tensor_parallel/
     'check parameters: {} ({}) must be divisible by world_size ({})':
         '检查参数：{}（{}）必须能被 world_size（{}）整除',
     'rank {} ({}): expected {} {} of {}{} in {}, saw {}. Communication of rank {}:':
@@ -422,7 +422,7 @@ CHECKS: dict[str, str] = {
         '{}：loss [s, b]（float32）',
     'unknown mapping {}; one of {}':
         '未知的 mapping {}；应为 {} 之一',
-    # checks/pipeline_parallel.py
+    # checks/pipeline_parallel/executor.py
     'Hint: the ranks deadlocked. With gloo a send completes only once the peer has posted the matching receive, so a send that blocks (dist.send, or isend(...).wait() straight away) waits for a peer that is itself blocked sending. Post sends (dist.isend) and return the handle, block only in receives, and wait each handle once, later (a second wait() on a gloo send never returns). Also check that every send goes to the neighbour that receives it: activations to the next rank, gradients to the previous one, as ranks of pp_group.':
         '提示：各 rank 死锁了。在 gloo 下，send 要等对方发起了匹配的 receive 才会完成，所以一个阻塞的 send（dist.send，或者紧接着 isend(...).wait()）会等待一个自己也阻塞在 send 上的对方。发起 send（dist.isend）并返回 handle，只在 receive 上阻塞，每个 handle 稍后等待一次（对 gloo 的 send 第二次 wait() 永远不会返回）。再检查每个 send 是否发给了接收它的那个邻居：激活发给下一个 rank，梯度发给上一个，都用 pp_group 中的 rank 表示。',
     "Hint: a receive buffer's size differs from what the peer sent (gloo aborts the process): recv_forward / recv_backward must allocate exactly the given shape and dtype, and the message must be the one the receiver expects (a micro-batch is [b, h] in the micro-batches' dtype).":
@@ -515,7 +515,7 @@ CHECKS: dict[str, str] = {
         '激活（上一个 stage）',
     'gradient (the next stage)':
         '梯度（下一个 stage）',
-    # checks/pipeline_schedules.py
+    # checks/pipeline_parallel/schedules.py
     "{} returned {}; expected a list of actions like ('F', 0) and ('B', 0)":
         "{} 返回了 {}；期望一个动作列表，例如 ('F', 0) 和 ('B', 0)",
     '{}: action {} is {}; every action must be a tuple {} with kind {} and int indices':
@@ -586,7 +586,7 @@ CHECKS: dict[str, str] = {
         '，然后是稳定阶段的第一次前向',
     'bubble_fraction({}, {}, num_chunks={}) = {}; expected (p - 1) / (v m + p - 1) = {} / {} = {} (the idle share of the whole step, not of the busy time: (p - 1) / (v m) = {})':
         'bubble_fraction({}, {}, num_chunks={}) = {}；期望 (p - 1) / (v m + p - 1) = {} / {} = {}（空闲时间占整个一步的比例，而不是占忙碌时间的比例：(p - 1) / (v m) = {}）',
-    # checks/pipeline_zero_bubble.py
+    # checks/pipeline_parallel/split_backward.py and zero_bubble.py
     ' (two chunks per rank)':
         '（每个 rank 两个 chunk）',
     'two linear layers with bias, a middle stage':
@@ -711,7 +711,7 @@ CHECKS: dict[str, str] = {
         'rank {}（组内 rank {}；{}）：run_pipeline_zb 返回之后，还有 {} 个 stage 输出、{} 个为权重梯度保留的输入、{} 个收到的 stage 输入和 {} 个 W state 的梯度活着：一步结束之前丢掉每个输出、输入、W state 和 send handle',
     "plot_zb_timelines: runs[{}]: style must be 'loop' or 'v', got {}":
         "plot_zb_timelines：runs[{}]：style 必须是 'loop' 或 'v'，实际是 {}",
-    # checks/context_parallel.py
+    # checks/context_parallel/
     '{}: {} has NaN (first at index {}). NaN comes from exp overflowing (inf / inf: subtract the max before exp) or from a row that sees no key (exp(-inf - (-inf)), 0 / 0: such a row must give out = 0 and lse = -inf).':
         '{}：{} 里有 NaN（第一个在下标 {}）。NaN 来自 exp 溢出（inf / inf：exp 之前先减去最大值），或者来自看不到任何 key 的行（exp(-inf - (-inf))，0 / 0：这样的行必须得到 out = 0、lse = -inf）。',
     ' It looks transposed: lse is [b, s, n_heads] in this course (the layout of q without head_dim); flash-attn and SDPA use [b, n_heads, s].':
@@ -836,7 +836,7 @@ CHECKS: dict[str, str] = {
         '对 [2, 4, 3, 2] 做 seq_all_to_all，scatter_dim=2（3），{} 个 rank',
     'seq_all_to_all with cp_group=0 (a rank, not a ProcessGroup)':
         'seq_all_to_all，cp_group=0（这是一个 rank，不是 ProcessGroup）',
-    # checks/expert_parallel.py
+    # checks/expert_parallel/ (but overlap.py)
     'world_size ({}) must be a multiple of ep_size ({})':
         'world_size（{}）必须是 ep_size（{}）的整数倍',
     '{}: expected a tensor of shape {}, got {}':
@@ -1003,7 +1003,7 @@ CHECKS: dict[str, str] = {
         '输出是对的，但 router 的梯度不对：经过概率的梯度丢了或者错了（probs 是用 detach 过的 logits 算的？）。',
     '  On rank {}, wrong: {}; right: {}.{}':
         '  rank {} 上，不对的：{}；对的：{}。{}',
-    # checks/expert_parallel_overlap.py
+    # checks/expert_parallel/overlap.py
     'num_tokens ({}) must be >= 2: two halves':
         'num_tokens（{}）必须 >= 2：要分成两半',
     ', {} tokens per rank (halves: tokens {} and {}), {}, pattern {}':
@@ -1088,7 +1088,7 @@ CHECKS: dict[str, str] = {
         'rank（{}）必须在 [0, {}) 之内',
     "half {}'s {}":
         '第 {} 半的 {}',
-    # checks/composition.py
+    # checks/composition/
     '{}: a torch.distributed collective was called on a DTensor ({}). Under TP and FSDP parameters and gradients are DTensors: communicate their local shards, `dist.all_reduce(grad.to_local(), ...)`.':
         '{}：对一个 DTensor 调用了 torch.distributed 的集合通信（{}）。在 TP 和 FSDP 下，参数和梯度都是 DTensor：应当传输它们的本地 shard，`dist.all_reduce(grad.to_local(), ...)`。',
     '{}: layout[{}] must be a list of rank lists, got {}':

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from autograder.checks.data_parallel_fsdp import MixedPrecisionPolicy
+from autograder.checks.data_parallel import MixedPrecisionPolicy
 
 __all__ = ["MixedPrecisionPolicy", "param_slots", "FlatLayout", "FSDPUnit", "fully_shard", "gather_full_params"]
 

@@ -1,6 +1,6 @@
 """Public checks of assignment 01, exercise 5: FSDP (`fully_shard`, `gather_full_params`), readable.
 
-    from autograder.checks.data_parallel_fsdp import check_fsdp_numerics
+    from autograder.checks.data_parallel import check_fsdp_numerics
     check_fsdp_numerics(fully_shard, world_size=2)
 
 Each check builds a model here (a small transformer with an embedding, RMSNorm
@@ -34,10 +34,11 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from autograder.checks import one_thread
-from autograder.checks.data_parallel import PADDING_BOUND_PER_RANK
 from autograder.runtime.compare import CheckFailure, Findings, assert_close, dtype_name
 from autograder.runtime.dist import rank_device, run_distributed
 from autograder.runtime.ledger import CommLedger, check_consistent, expect_no_comm, format_trace, select
+
+from .ddp_zero import PADDING_BOUND_PER_RANK
 
 __all__ = ["MixedPrecisionPolicy", "RMSNorm", "Block", "TinyTransformer", "LinearStack", "PADDING_BOUND_PER_RANK",
            "MP_TOLERANCE", "fsdp_units", "check_fsdp_numerics", "check_fsdp_comm", "check_fsdp_memory",

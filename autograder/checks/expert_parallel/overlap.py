@@ -1,6 +1,6 @@
 """Public checks of assignment 05, exercise 7: the overlapped MoE layer (two halves hide each other's all-to-alls).
 
-    from autograder.checks.expert_parallel_overlap import check_overlapped_moe_layer, check_moe_overlap
+    from autograder.checks.expert_parallel import check_overlapped_moe_layer, check_moe_overlap
     check_overlapped_moe_layer(OverlappedMoELayer, world_size=4, num_experts=8)   # numbers and what is sent
     check_moe_overlap(OverlappedMoELayer, world_size=4, num_experts=8)            # when it is sent and waited
 
@@ -58,13 +58,13 @@ import sys
 import torch
 import torch.distributed as dist
 
-from autograder.checks.expert_parallel import (
-    _INT_DTYPES, _TIMEOUT, _compare_moe, _is_float, _map_from, _moe_case, _moe_reference, _ref_capacity,
-    _ref_probs, _ref_topk, _require, _run_moe_layer,
-)
 from autograder.runtime.compare import CheckFailure, dtype_name
 from autograder.runtime.dist import run_distributed
 from autograder.runtime.ledger import CommLedger, check_consistent, expect_no_comm, format_trace
+
+from .common import _INT_DTYPES, _TIMEOUT, _map_from, _ref_capacity, _ref_probs, _ref_topk, _require
+from .dispatch import _is_float
+from .moe_layer import _compare_moe, _moe_case, _moe_reference, _run_moe_layer
 
 __all__ = ["check_overlapped_moe_layer", "check_moe_overlap", "print_overlap_timeline", "halves"]
 

@@ -1,22 +1,17 @@
-"""Public checks of assignment 02 (tensor and sequence parallelism): what is graded, readably.
+"""Public checks of assignment 02, exercises 3, 4 and 6: the parallel layers, the MLP and the overlap.
 
-    import autograder.checks.tensor_parallel as checks
-    checks.check_mapping(copy_to_tensor_model_parallel_region, "copy_to_tensor_model_parallel_region", world_size=2)
+    from autograder.checks.tensor_parallel import check_column_parallel_linear, check_parallel_mlp
+    check_column_parallel_linear(ColumnParallelLinear, world_size=2)
 
-Every check builds the inputs and the full ("master") weights in this process
-from a seed, runs a rank program with `run_distributed` on the student's code,
-gets back outputs, gradients and each rank's communication ledger, and decides
-here: element-wise against a single-process PyTorch reference (`nn.Linear`
-maths, `F.cross_entropy`), and collective by collective against the expected
-communication (spec 4.2). A check returns None on success and raises
-`CheckFailure` (or `DistributedError` when a rank raised, crashed or hung).
-Activations are `[s, b, h]`. Rank programs are module-level functions (so the
-spawn start method can send them) and place tensors on `cuda:<rank>` for nccl.
+ColumnParallelLinear and RowParallelLinear (their numbers, their error contract, the communication of a
+column -> row pair with and without sequence parallelism), ParallelMLP and the sequence-parallel
+gradient all-reduce, LinearWithAsyncAllReduce (its gradients, and its all-reduce in flight while the
+weight gradient is computed), and the picture of a pair's communication. How every check of the
+assignment works: autograder/checks/tensor_parallel/__init__.py.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import torch
@@ -31,229 +26,16 @@ from autograder.lessons.plots import new_figure, picture
 from autograder.runtime.ledger import CommLedger, check_consistent, expect_no_comm, format_trace
 from autograder.lessons.volume import ring_factor
 
+from .common import (
+    _TIMEOUT, _check_output_type, _chunk, _combos, _cpu, _expect_phase, _forward, _param, _randn, _require_divisible,
+)
+from .mappings import MAPPINGS, _expect_mapping_comm
+
 __all__ = [
-    "MAPPINGS", "check_mapping", "check_column_parallel_linear", "check_row_parallel_linear",
-    "check_argument_errors", "check_tp_pair_communication", "check_parallel_mlp",
-    "check_sequence_parallel_grads", "check_vocab_parallel_cross_entropy",
-    "check_async_allreduce_gradients", "check_async_allreduce_overlap", "plot_pair_communication",
+    "check_column_parallel_linear", "check_row_parallel_linear", "check_argument_errors", "check_tp_pair_communication",
+    "check_parallel_mlp", "check_sequence_parallel_grads", "check_async_allreduce_gradients",
+    "check_async_allreduce_overlap", "plot_pair_communication",
 ]
-
-
-_TIMEOUT = 20.0
-
-
-# ---------------------------------------------------------------------------
-# Small helpers
-# ---------------------------------------------------------------------------
-
-def _randn(gen, *shape, dtype=torch.float64) -> torch.Tensor:
-    return torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)
-
-
-def _cpu(t):
-    return t.detach().cpu() if isinstance(t, torch.Tensor) else t
-
-
-def _chunk(t: torch.Tensor, n: int, i: int, dim: int) -> torch.Tensor:
-    return t.chunk(n, dim=dim)[i].contiguous()
-
-
-def _require_divisible(size: int, n: int, what: str) -> None:
-    if size % n:
-        raise ValueError(f"check parameters: {what} ({size}) must be divisible by world_size ({n})")
-
-
-def _expect_phase(records, *, rank: int, phase: str, expected: list, context: str) -> None:
-    """Exactly the expected collectives in `phase` (waits aside), nothing else.
-
-    `expected`: (op, allowed counts, shape or None, numel or None, dtype) per kind of op.
-    """
-    mine = [r for r in records if r.op != "wait" and r.phase == phase]
-    matched = 0
-    for op, allowed, shape, numel, dtype in expected:
-        got = [r for r in mine if r.op == op and r.dtype == dtype_name(dtype)
-               and (shape is None or tuple(r.shape) == tuple(shape))
-               and (numel is None or math.prod(r.shape) == numel)]
-        if len(got) not in allowed:
-            what = f"{fmt_shape(shape)} " if shape is not None else f"{numel} elements " if numel else ""
-            want = " or ".join(str(a) for a in sorted(allowed))
-            raise CheckFailure(
-                f"rank {rank} ({context}): expected {want} {op} of {what}{dtype_name(dtype)} in {phase}, "
-                f"saw {len(got)}. Communication of rank {rank}:\n{format_trace(records, rank)}")
-        matched += len(got)
-    if len(mine) != matched:
-        want = ", ".join(f"{op}" for op, *_ in expected) or "no communication"
-        raise CheckFailure(
-            f"rank {rank} ({context}): unexpected communication in {phase} (expected only: {want}); "
-            f"saw {len(mine)} op(s). Communication of rank {rank}:\n{format_trace(records, rank)}")
-
-
-def _check_output_type(out, what: str, rank: int, shape) -> None:
-    if not isinstance(out, torch.Tensor):
-        raise CheckFailure(f"rank {rank}: {what} returned {type(out).__name__}, expected a tensor of shape "
-                           f"{fmt_shape(shape)}")
-    if tuple(out.shape) != tuple(shape):
-        raise CheckFailure(f"rank {rank}: {what} returned shape {fmt_shape(out.shape)}, expected {fmt_shape(shape)}")
-    if not out.requires_grad:
-        raise CheckFailure(f"rank {rank}: {what} returned a tensor that does not require grad "
-                           f"(the autograd graph was cut: detach(), .data or torch.no_grad()?)")
-
-
-def _param(module, name: str, what: str, rank: int):
-    if not hasattr(module, name):
-        raise CheckFailure(f"rank {rank}: {what} has no attribute .{name} (the shards live in .weight and .bias)")
-    return getattr(module, name)
-
-
-def _forward(module, x, what: str, rank: int, expected_weight_shape):
-    """Call the layer; on a non-stub error say which shard shapes the layer holds."""
-    try:
-        return module(x)
-    except NotImplementedError:
-        raise
-    except Exception as exc:
-        w = getattr(module, "weight", None)
-        got = fmt_shape(w.shape) if isinstance(w, torch.Tensor) else repr(w)
-        raise RuntimeError(
-            f"rank {rank}: {what} forward failed on input {fmt_shape(x.shape)}: {type(exc).__name__}: {exc}\n"
-            f"  (its .weight has shape {got}; expected {fmt_shape(expected_weight_shape)})") from exc
-
-
-def _combos(**flags) -> list[dict]:
-    """Every combination of the given boolean flags (None: both values)."""
-    names = list(flags)
-    values = [(False, True) if v is None else (bool(v),) for v in flags.values()]
-    return [dict(zip(names, vs)) for vs in itertools.product(*values)]
-
-
-# ---------------------------------------------------------------------------
-# The six mappings (and the worked example)
-# ---------------------------------------------------------------------------
-
-# name -> (what is split on input: "last"/"first"/None, forward comm, backward comm)
-MAPPINGS = {
-    "copy_to_tensor_model_parallel_region": "identity / all-reduce",
-    "reduce_from_tensor_model_parallel_region": "all-reduce / identity",
-    "scatter_to_tensor_model_parallel_region": "split last dim / all-gather last dim",
-    "gather_from_tensor_model_parallel_region": "all-gather last dim / split last dim",
-    "gather_from_sequence_parallel_region": "all-gather dim 0 / reduce-scatter dim 0",
-    "reduce_scatter_to_sequence_parallel_region": "reduce-scatter dim 0 / all-gather dim 0",
-    "scatter_to_sequence_parallel_region": "split dim 0 / all-gather dim 0",
-}
-
-
-def _mapping_case(name: str, t: int, shape, dtype, gen):
-    """Per-rank inputs and upstream gradients, expected outputs and input gradients, expected comm."""
-    s, b, h = shape
-    full = lambda *sh: _randn(gen, *sh, dtype=dtype)  # noqa: E731
-    per_rank = lambda *sh: [full(*sh) for _ in range(t)]  # noqa: E731
-    total = lambda ts: torch.stack(ts).sum(0)  # noqa: E731
-    AR, AG, RS = "all_reduce", "all_gather", "reduce_scatter"
-    if name == "copy_to_tensor_model_parallel_region":
-        x = full(s, b, h)
-        xs, gs = [x] * t, per_rank(s, b, h)
-        outs, grads = [x] * t, [total(gs)] * t
-        fwd, bwd = [], [(AR, {1}, (s, b, h), None, dtype)]
-    elif name == "reduce_from_tensor_model_parallel_region":
-        xs, gs = per_rank(s, b, h), per_rank(s, b, h)
-        outs, grads = [total(xs)] * t, gs
-        fwd, bwd = [(AR, {1}, (s, b, h), None, dtype)], []
-    elif name == "scatter_to_tensor_model_parallel_region":
-        x = full(s, b, h)
-        xs, gs = [x] * t, per_rank(s, b, h // t)
-        outs = [_chunk(x, t, r, -1) for r in range(t)]
-        grads = [torch.cat(gs, dim=-1)] * t
-        fwd, bwd = [], [(AG, {1}, None, s * b * h, dtype)]
-    elif name == "gather_from_tensor_model_parallel_region":
-        x = full(s, b, h)
-        xs, gs = [_chunk(x, t, r, -1) for r in range(t)], per_rank(s, b, h)
-        outs, grads = [x] * t, [_chunk(gs[r], t, r, -1) for r in range(t)]
-        fwd, bwd = [(AG, {1}, None, s * b * h, dtype)], []
-    elif name == "gather_from_sequence_parallel_region":
-        x = full(s, b, h)
-        xs, gs = [_chunk(x, t, r, 0) for r in range(t)], per_rank(s, b, h)
-        outs, grads = [x] * t, [_chunk(total(gs), t, r, 0) for r in range(t)]
-        fwd, bwd = [(AG, {1}, (s, b, h), None, dtype)], [(RS, {1}, (s, b, h), None, dtype)]
-    elif name == "reduce_scatter_to_sequence_parallel_region":
-        xs, gs = per_rank(s, b, h), per_rank(s // t, b, h)
-        outs = [_chunk(total(xs), t, r, 0) for r in range(t)]
-        grads = [torch.cat(gs, dim=0)] * t
-        fwd, bwd = [(RS, {1}, (s, b, h), None, dtype)], [(AG, {1}, (s, b, h), None, dtype)]
-    elif name == "scatter_to_sequence_parallel_region":
-        x = full(s, b, h)
-        xs, gs = [x] * t, per_rank(s // t, b, h)
-        outs, grads = [_chunk(x, t, r, 0) for r in range(t)], [torch.cat(gs, dim=0)] * t
-        fwd, bwd = [], [(AG, {1}, (s, b, h), None, dtype)]
-    else:
-        raise ValueError(f"unknown mapping {name!r}; one of {', '.join(MAPPINGS)}")
-    return xs, gs, outs, grads, fwd, bwd
-
-
-def _mapping_rank(rank, world_size, fn, name, xs, gs, noncontiguous, backend):
-    dev = rank_device(rank, backend)
-    group = dist.group.WORLD
-    data, g = xs[rank].to(dev), gs[rank].to(dev)
-    if noncontiguous:  # a [s, b, h] view of [h, b, s] storage: no dim has stride 1 where expected
-        leaf = data.permute(2, 1, 0).contiguous().requires_grad_()
-        x = leaf.permute(2, 1, 0)
-        g = g.permute(2, 1, 0).contiguous().permute(2, 1, 0)
-    else:
-        leaf = data.clone().requires_grad_()
-        x = leaf
-    before = x.detach().clone()
-    with CommLedger() as ledger:
-        out = fn(x, group=group)
-        _check_output_type(out, name, rank, g.shape)
-        torch.autograd.backward(out, g)
-    grad = leaf.grad
-    if grad is not None and noncontiguous:
-        grad = grad.permute(2, 1, 0)
-    return {"out": _cpu(out), "grad": _cpu(grad), "modified": not torch.equal(x.detach(), before),
-            "records": ledger.records}
-
-
-@one_thread
-def check_mapping(fn, name: str, *, world_size: int = 2, shape=(4, 3, 6), dtype=torch.float64,
-                  seed: int = 0, noncontiguous: bool = False, backend: str = "gloo",
-                  timeout: float = _TIMEOUT) -> None:
-    """One mapping: forward output and input gradient on every rank, and its collectives.
-
-    `shape` is the full `[s, b, h]`; the split dim (h for the tensor-parallel
-    mappings, s for the sequence-parallel ones) must be divisible by world_size.
-    With noncontiguous=True the input and the upstream gradient are
-    non-contiguous views. Expected communication (spec 4.2): one collective in
-    the phase that communicates (all-gathers and reduce-scatters of the full
-    `[s, b, h]`), none in the other, none at all for a group of size 1.
-    """
-    if name not in MAPPINGS:
-        raise ValueError(f"unknown mapping {name!r}; one of {', '.join(MAPPINGS)}")
-    split_dim = 0 if "sequence" in name else 2
-    _require_divisible(shape[split_dim], world_size, f"shape[{split_dim}]")
-    gen = torch.Generator().manual_seed(seed)
-    xs, gs, outs, grads, fwd, bwd = _mapping_case(name, world_size, tuple(shape), dtype, gen)
-    results = run_distributed(_mapping_rank, world_size, args=(fn, name, xs, gs, noncontiguous, backend),
-                              timeout=timeout, backend=backend)
-    ctx = f"{name}, world size {world_size}, [s, b, h] = {fmt_shape(shape)}"
-    check_consistent([r["records"] for r in results], context=ctx)
-    findings = Findings()
-    for rank, res in enumerate(results):
-        with findings.numbers():
-            assert_close(res["out"], outs[rank], name=f"{name}: forward output", rank=rank)
-            assert_close(res["grad"], grads[rank], name=f"{name}: input gradient (backward)", rank=rank)
-        if res["modified"]:
-            raise CheckFailure(f"rank {rank}: {name} modified its input in place; it must return a new "
-                               f"tensor (clone before an in-place collective)")
-        with findings.communication():
-            _expect_mapping_comm(res["records"], rank, world_size, fwd, bwd, ctx)
-    findings.raise_if_any()
-
-
-def _expect_mapping_comm(records, rank, world_size, fwd, bwd, ctx) -> None:
-    if world_size == 1:
-        expect_no_comm(records, rank=rank, context=f"{ctx}; a group of size 1 communicates nothing")
-        return
-    _expect_phase(records, rank=rank, phase="forward", expected=fwd, context=ctx)
-    _expect_phase(records, rank=rank, phase="backward", expected=bwd, context=ctx)
 
 
 # ---------------------------------------------------------------------------
@@ -782,82 +564,6 @@ def check_sequence_parallel_grads(ParallelMLP, allreduce_sequence_parallel_grads
                                    f"(LayerNorm weight and bias, fc2 bias: 3 x {hidden}) and nothing else; saw "
                                    f"{numel} all-reduced elements:\n{format_trace(outside, rank)}")
     findings.raise_if_any()
-
-
-# ---------------------------------------------------------------------------
-# Vocab-parallel cross-entropy
-# ---------------------------------------------------------------------------
-
-def _ce_rank(rank, world_size, fn, logits, target, grad, backend):
-    dev = rank_device(rank, backend)
-    group = dist.group.WORLD
-    x = logits[rank].to(dev).clone().requires_grad_()
-    before = x.detach().clone()
-    with CommLedger() as ledger:
-        loss = fn(x, target.to(dev), tp_group=group)
-        _check_output_type(loss, "vocab_parallel_cross_entropy", rank, target.shape)
-        loss.backward(grad.to(device=dev, dtype=loss.dtype))
-    return {"loss": _cpu(loss), "grad": _cpu(x.grad), "modified": not torch.equal(x.detach(), before),
-            "records": ledger.records}
-
-
-@one_thread
-def check_vocab_parallel_cross_entropy(vocab_parallel_cross_entropy, *, world_size: int = 2, seq: int = 4,
-                                       batch: int = 3, vocab: int = 8, dtype=torch.float32, seed: int = 0,
-                                       extreme: bool = False, backend: str = "gloo",
-                                       timeout: float = _TIMEOUT) -> None:
-    """Per-token loss and logit gradients against F.cross_entropy; three all-reduces of [s, b].
-
-    Rank r holds logits `[s, b, v/t]` for vocabulary entries `[r*v/t, (r+1)*v/t)`;
-    targets fall in every rank's partition. With extreme=True the logits sit
-    near +1e4 or -1e4 (some tokens mix both), so a softmax without the max
-    subtraction overflows. Checked: the loss (float32 `[s, b]`), the logits'
-    gradient, that the input is not modified, and the communication: exactly
-    three all-reduces of `[s, b]` float32 in forward, none in backward (none at
-    all for a group of size 1).
-    """
-    t = world_size
-    _require_divisible(vocab, t, "vocab")
-    if seq * batch < t:
-        raise ValueError("check parameters: need seq * batch >= world_size to put a target in every partition")
-    gen = torch.Generator().manual_seed(seed)
-    L = 2.0 * torch.randn(seq, batch, vocab, generator=gen, dtype=torch.float64)
-    if extreme:
-        sign = torch.where(torch.rand(seq, batch, 1, generator=gen) < 0.5, -1.0, 1.0).double()
-        L = L + 1e4 * sign
-        mixed = torch.rand(seq, batch, generator=gen) < 0.4  # some tokens: half the vocab at -1e4
-        L[..., vocab // 2:] = torch.where(mixed.unsqueeze(-1), L[..., vocab // 2:] - 2e4 * (sign > 0),
-                                          L[..., vocab // 2:])
-    L = L.to(dtype)
-    target = torch.randint(0, vocab, (seq, batch), generator=gen)
-    part = vocab // t
-    flat = target.view(-1)
-    for r in range(t):  # at least one target in every rank's partition
-        flat[r * (seq * batch) // t] = r * part + int(torch.randint(0, part, (1,), generator=gen))
-    grad = torch.rand(seq, batch, generator=gen, dtype=torch.float32) + 0.5
-    ref = L.detach().float().double().requires_grad_()  # the loss is computed in float32 (spec 4.2)
-    loss_ref = F.cross_entropy(ref.reshape(-1, vocab), target.reshape(-1), reduction="none").view(seq, batch)
-    loss_ref.backward(grad.double())
-    shards = [_chunk(L, t, r, -1) for r in range(t)]
-    results = run_distributed(_ce_rank, t, args=(vocab_parallel_cross_entropy, shards, target, grad, backend),
-                              timeout=timeout, backend=backend)
-    ctx = (f"vocab_parallel_cross_entropy, world size {t}, [s, b, v] = [{seq}, {batch}, {vocab}], "
-           f"{dtype_name(dtype)} logits{' near +-1e4' if extreme else ''}")
-    check_consistent([r["records"] for r in results], context=ctx)
-    for rank, res in enumerate(results):
-        assert_close(res["loss"], loss_ref.detach().float(), name=f"{ctx}: loss [s, b] (float32)", rank=rank)
-        assert_close(res["grad"], _chunk(ref.grad, t, rank, -1).to(dtype),
-                     name=f"{ctx}: gradient of the logits shard", rank=rank)
-        if res["modified"]:
-            raise CheckFailure(f"rank {rank} ({ctx}): the input logits were modified in place; "
-                               f"work on a copy (Megatron's in-place subtraction is not allowed here)")
-    for rank, res in enumerate(results):
-        if t == 1:
-            expect_no_comm(res["records"], rank=rank, context=f"{ctx}; a group of size 1 communicates nothing")
-            continue
-        _expect_phase(res["records"], rank=rank, phase="forward",
-                      expected=[("all_reduce", {3}, (seq, batch), None, torch.float32)], context=ctx)
-        _expect_phase(res["records"], rank=rank, phase="backward", expected=[], context=ctx)
 
 
 # ---------------------------------------------------------------------------

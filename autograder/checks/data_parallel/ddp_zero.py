@@ -1,4 +1,4 @@
-"""Public checks of assignment 01 (data parallelism): what is graded, readable.
+"""Public checks of assignment 01, exercises 1-4: all_reduce_gradients, BucketedDDP, the ZeRO ledger, ZeRO.
 
 Each `check_*` takes the student's implementation plus keyword parameters,
 runs a rank program of this module in `world_size` processes, and decides in

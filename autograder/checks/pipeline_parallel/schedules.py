@@ -1,6 +1,6 @@
-"""Public checks of assignment 03, part 1: schedules as data (no ranks needed), and the bubble.
+"""Public checks of assignment 03, exercises 2, 3 and 5: schedules as data (no ranks needed), and the bubble.
 
-    from autograder.checks.pipeline_parallel import check_one_f_one_b_schedule   # re-exported there
+    from autograder.checks.pipeline_parallel import check_one_f_one_b_schedule   # re-exported by the package
     check_one_f_one_b_schedule(one_f_one_b_schedule)
 
 A schedule is a list of actions per stage. The checks read every stage's
@@ -9,7 +9,7 @@ list for the properties that define GPipe, 1F1B and interleaved 1F1B
 alternation) and run the stages' lists together on an ideal timeline
 (`simulate_schedules`) to prove that they cannot deadlock; the same timeline
 gives the idle fraction `show_schedules` prints. The executor is checked in
-autograder/checks/pipeline_parallel.py.
+autograder/checks/pipeline_parallel/executor.py.
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
-"""Public checks of assignment 03 (pipeline parallelism): what is graded, readably.
+"""Public checks of assignment 03, exercises 1 and 4-5: the P2P helpers and `run_pipeline` (the executor).
 
-The schedule checks live in autograder/checks/pipeline_schedules.py and are
-re-exported here; the checks of the zero-bubble exercises (the split backward,
-ZB-H1, DualPipeV, run_pipeline_zb) are in pipeline_zero_bubble.py, built on
-this module.
+The schedule checks live in schedules.py (this package); the checks of the
+zero-bubble exercises are in split_backward.py (the split backward) and
+zero_bubble.py (ZB-H1, DualPipeV, run_pipeline_zb), built on this module.
+The package (autograder/checks/pipeline_parallel/__init__.py) re-exports them all.
 
     import autograder.checks.pipeline_parallel as checks
     checks.check_one_f_one_b_schedule(one_f_one_b_schedule)
     checks.check_run_pipeline(run_pipeline, one_f_one_b_schedule, num_stages=2, num_microbatches=3)
 
-Schedules are pure functions, checked without any rank (pipeline_schedules.py):
+Schedules are pure functions, checked without any rank (schedules.py):
 the actions of every stage are read for the properties that define GPipe,
 1F1B and interleaved 1F1B, and the stages' lists are run together on an
 ideal timeline to prove that they cannot deadlock.
@@ -58,18 +58,13 @@ from autograder.runtime.dist import DistributedError, rank_device, run_distribut
 from autograder.runtime.ledger import CommLedger, format_trace
 from autograder.lessons.volume import pp_bubble_fraction
 
-from .pipeline_schedules import (  # noqa: F401 - part of this module's public API (the notebook imports it here)
-    _action_text, _check_complete, _check_feasible, _normalize, _schedule_lists, check_bubble_fraction,
-    check_picture_runs,
-    check_gpipe_schedule, check_interleaved_schedule, check_one_f_one_b_schedule, format_actions, in_flight_peak,
-    pending_peak, show_schedules, simulate_schedules,
+from .schedules import (
+    _check_complete, _check_feasible, _normalize, _schedule_lists, check_picture_runs, format_actions, in_flight_peak,
 )
 
 __all__ = [
-    "TaggedStage", "simulate_schedules", "show_schedules", "format_actions", "in_flight_peak",
-    "check_p2p_helpers", "check_gpipe_schedule", "check_one_f_one_b_schedule", "check_interleaved_schedule",
-    "check_bubble_fraction", "check_run_pipeline", "check_pipeline_memory", "check_run_pipeline_errors",
-    "record_timeline", "measured_idle_fraction", "plot_pipeline_timelines", "pending_peak",
+    "TaggedStage", "check_p2p_helpers", "check_run_pipeline", "check_pipeline_memory", "check_run_pipeline_errors",
+    "record_timeline", "measured_idle_fraction", "plot_pipeline_timelines",
 ]
 
 _TIMEOUT = 5.0  # seconds: a deadlock is reported within this, with every rank's stack
