@@ -651,3 +651,39 @@ def test_a_run_neither_finished_nor_judged_is_inconclusive_never_a_failure(monke
     assert msg.startswith("Exercise 0 \u00b7 a run that only sleeps: NOT DECIDED (not a verdict on your code)"), msg
     assert "inconclusive" in msg and "FAILED" not in msg and "deadlock:" not in msg
     assert "in _idle_outside_communication" in msg  # where each rank was, for the curious
+
+
+def test_the_submodule_index_finds_what_cloudpickle_s_own_scan_finds():
+    """dist._find_imported_submodules (cloudpickle's scan of sys.modules, indexed: issue 31) gives cloudpickle's
+    own answer, in its order, for every function of the course's checks and runtime against its module's globals,
+    and again after a module is imported between two calls."""
+    import importlib
+    import pkgutil
+    import types
+
+    import cloudpickle
+
+    import autograder.checks
+    from autograder.runtime import dist
+
+    original = cloudpickle.cloudpickle._find_imported_submodules
+    names = [m.name for m in pkgutil.walk_packages(autograder.checks.__path__, "autograder.checks.")]
+    modules = [importlib.import_module(n) for n in names] + [dist, importlib.import_module("autograder.runtime.ledger")]
+    compared = found = 0
+    for module in modules:
+        deps = list(vars(module).values())
+        for fn in [v for v in deps if isinstance(v, types.FunctionType)]:
+            ours, theirs = dist._find_imported_submodules(fn.__code__, deps), original(fn.__code__, deps)
+            assert ours == theirs, f"{module.__name__}.{fn.__name__}: {ours} != {theirs}"
+            compared += 1
+            found += len(theirs)
+    assert compared > 100 and found > 0, (compared, found)
+
+    def uses_a_submodule():
+        return json.decoder.JSONDecodeError  # noqa: F821 - only its code is looked at
+
+    import json  # noqa: F401 - json.decoder is a submodule cloudpickle must find
+    before = dist._find_imported_submodules(uses_a_submodule.__code__, [sys.modules["json"]])
+    importlib.import_module("json.tool")  # sys.modules changes: the index is made again
+    after = dist._find_imported_submodules(uses_a_submodule.__code__, [sys.modules["json"]])
+    assert [m.__name__ for m in before] == [m.__name__ for m in after] == ["json.decoder"]

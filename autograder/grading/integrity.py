@@ -299,7 +299,7 @@ _WATCHED = ("builtins", "os", "posix", "io", "json", "json.decoder", "json.encod
 # set-up cell, are baselined when first seen: after the cell that imported them)
 _RUNTIME = ("autograder.runtime", "autograder.runtime.dist", "autograder.runtime.ledger", "autograder.runtime.report",
             "autograder.runtime.compare", "autograder.runtime.agreement", "autograder.runtime.plaindata",
-            "autograder.runtime.gpu", "autograder.grading.trusted", "autograder.grading.redact")
+            "autograder.runtime.gpu", "autograder.runtime.pool", "autograder.grading.trusted", "autograder.grading.redact")
 
 
 def _watched(name: str) -> bool:
@@ -324,9 +324,10 @@ class Guard:
 
         import torch
 
-        from autograder.runtime import dist
+        from autograder.runtime import dist, pool
 
         self.tools = {"run_distributed": dist.run_distributed, "DistributedError": dist.DistributedError,
+                      "RankPool": pool.RankPool,
                       "InconclusiveRun": dist.InconclusiveRun,
                       "exception_record": dist._exception_record, "loads": cloudpickle.loads,
                       "json_dumps": json.dumps, "asdict": dataclasses.asdict, "save": torch.save}

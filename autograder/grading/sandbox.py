@@ -958,7 +958,8 @@ class Sandbox:
 
 # variables a caller may pass through to the submission's processes (nothing else of the grader's environment)
 _PASSED = {"TORCH_CPP_LOG_LEVEL", "PYTHONHASHSEED", "PYTHONWARNINGS", "OMP_NUM_THREADS", "MPLBACKEND",
-           "AUTOGRADER_TRACEBACK", "CUDA_VISIBLE_DEVICES", "AUTOGRADER_BACKSTOP_S"}
+           "AUTOGRADER_TRACEBACK", "CUDA_VISIBLE_DEVICES", "AUTOGRADER_BACKSTOP_S",
+           "AUTOGRADER_RANK_POOL"}
 
 
 def _enter_limits(cgroup_dirs: list[str], memory_bytes: int | None) -> None:

@@ -31,6 +31,7 @@ files, shown on request (`show_output=True`) or in the error.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import datetime
 import faulthandler
@@ -292,8 +293,58 @@ def dumps_keeping_filenames(obj) -> bytes:
     import pickle
 
     buf = io.BytesIO()
-    pickler_keeping_filenames()(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    with submodules_indexed():
+        pickler_keeping_filenames()(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
     return buf.getvalue()
+
+
+_SUBMODULES: dict = {"key": None, "index": {}}
+
+
+def _find_imported_submodules(code, top_level_dependencies):
+    """cloudpickle's `_find_imported_submodules` (the same result, in the same order) from an index of
+    sys.modules by package, made again only when sys.modules changes: cloudpickle scans all of sys.modules (2,000
+    names with torch) for each package a function refers to, 0.8 of the grader's 1.3 CPU-seconds of one
+    submission of 02 (issue 31)."""
+    import types
+
+    key = (len(sys.modules), next(reversed(sys.modules), None))
+    if _SUBMODULES["key"] != key:
+        index: dict[str, list[str]] = {}
+        for name in list(sys.modules):
+            if name is None:
+                continue
+            parts = name.split(".")
+            for i in range(1, len(parts)):
+                index.setdefault(".".join(parts[:i]) + ".", []).append(name)
+        _SUBMODULES.update(key=key, index=index)
+    subimports = []
+    for x in top_level_dependencies:
+        if isinstance(x, types.ModuleType) and hasattr(x, "__package__") and x.__package__:
+            prefix = x.__name__ + "."
+            for name in _SUBMODULES["index"].get(prefix, ()):
+                tokens = set(name[len(prefix):].split("."))
+                module = sys.modules.get(name)
+                if module is not None and not tokens - set(code.co_names):
+                    subimports.append(module)
+    return subimports
+
+
+@contextlib.contextmanager
+def submodules_indexed():
+    """While pickling: cloudpickle's scan of sys.modules replaced by `_find_imported_submodules` above."""
+    import cloudpickle
+
+    module = getattr(cloudpickle, "cloudpickle", None)
+    original = getattr(module, "_find_imported_submodules", None)
+    if original is None:  # another cloudpickle: its own scan
+        yield
+        return
+    module._find_imported_submodules = _find_imported_submodules
+    try:
+        yield
+    finally:
+        module._find_imported_submodules = original
 
 
 def _spawn_main() -> None:
