@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/grading.py                       # 40 submissions of 01 and 02, --jobs 2
     .venv/bin/python benchmarks/grading.py --assignments 02_tensor_parallel --total 14 --jobs 2
+    .venv/bin/python benchmarks/grading.py --assignments all --total 6 --no-pool-too   # one of each, pool on and off
 
 Generates submissions (the reference, the untouched release and every kept
 mutant of each assignment, repeated until there are `--total`), grades them
@@ -14,6 +15,8 @@ in scratch copies of the course, and prints:
   should be otherwise idle), which says how much work each does, apart from
   how well it spreads over the cores; and, with `--jobs1`, the course's
   command with one worker too (how much of the speed-up is parallelism);
+  with `--no-pool-too`, with every check on fresh ranks too (what the warm
+  ranks of autograder.runtime.pool save);
 - whether every student's score per cell is the same under both (nbgrader's
   in-kernel verdict of the full source test cells against the trusted
   verdict: they must agree on these honest submissions);
@@ -128,8 +131,8 @@ def _plain_two_wide(subs, assignments) -> tuple[float, float | None, dict]:
     return wall, (c1 - c0 if c0 is not None else None), scores
 
 
-def _ours(root: str, assignments: list[str], jobs: int) -> tuple[float, float | None]:
-    env = {**os.environ, "PYTHONPATH": root, "TORCH_CPP_LOG_LEVEL": "ERROR",
+def _ours(root: str, assignments: list[str], jobs: int, pool: bool = True) -> tuple[float, float | None]:
+    env = {**os.environ, "PYTHONPATH": root, "TORCH_CPP_LOG_LEVEL": "ERROR", "AUTOGRADER_RANK_POOL": "1" if pool else "0",
            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
     c0, t0 = _busy_cpu_seconds(), time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "autograder.grade", "autograde", *assignments, "--jobs",
@@ -145,7 +148,11 @@ def main() -> None:
     ap.add_argument("--total", type=int, default=40)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--jobs1", action="store_true", help="also time the course's command with one worker")
+    ap.add_argument("--no-pool-too", action="store_true",
+                    help="also time the course's command with every check on fresh ranks (AUTOGRADER_RANK_POOL=0)")
     args = ap.parse_args()
+    if args.assignments == ["all"]:
+        args.assignments = sorted(d for d in os.listdir(os.path.join(ROOT, "source")) if d[:2].isdigit())
     subs = _submissions(args.assignments, args.total)
     print(f"{len(subs)} submissions of {', '.join(args.assignments)}; {os.cpu_count()} cores")
 
@@ -166,6 +173,8 @@ def main() -> None:
     rows = []
     if args.jobs1:
         rows.append(("grade autograde --jobs 1", *_ours(ours, args.assignments, 1)))
+    if args.no_pool_too:
+        rows.append((f"grade autograde --jobs {args.jobs}, no pool", *_ours(ours, args.assignments, args.jobs, False)))
     t_ours, cpu_ours = _ours(ours, args.assignments, args.jobs)
     rows.append((f"grade autograde --jobs {args.jobs}", t_ours, cpu_ours))
 
@@ -188,7 +197,7 @@ def main() -> None:
         print(f"busy CPU per submission: {cpu_ours / cpu_plain:.2f}x plain sequential nbgrader's")
     print(f"scores identical for every student and cell: {not differ}" + (f" (differ: {differ[:5]})" if differ else ""))
     print(f"\none submission in the course's command (median over {len(timings)}; seconds of one worker):")
-    for key in ("trusted_run", "feedback", "total"):
+    for key in ("trusted_run", "sandbox_cpu", "feedback", "total"):
         vals = [t[key] for t in timings if key in t]
         if vals:
             print(f"  {key:<12} {statistics.median(vals):6.1f}")

@@ -129,7 +129,10 @@ class RankPool:
         where the pool does not decide it (the caller runs it fresh)."""
         if not self._serves(world_size, kwargs):
             return None
-        pool = self._pool(world_size)
+        try:
+            pool = self._pool(world_size)
+        except OSError as exc:  # no process could be made (the sandbox's limit on processes, memory)
+            pool = self._give_up(f"the pool's ranks could not start: {exc}"[:300])
         if pool is None:
             self.declined += 1
             return None  # (it did not start: self.gave_up says why)
@@ -279,6 +282,7 @@ class RankPool:
         for raw in lines:
             req = json.loads(raw)
             job = req["dir"]
+            os.ftruncate(1, 0)  # this check's output only (a print loop in one check does not add up over all)
             with open(os.path.join(job, "payload"), "rb") as f:
                 fn, _, kwargs = self._loads(f.read())
             args = self._resolve(tuple(kwargs.get("args", ())), self._namespace)
