@@ -926,6 +926,56 @@ def build() -> NotebookBuilder:
         print(p.describe())
     plot_plans(plans, hbm_bytes=big.node.hbm_bytes, title="Llama 3 405B, 16,384 H100, seq 8192, 2048 sequences per step")
     """)
+
+    # -- to a cluster (not graded) -------------------------------------------------------
+    nb.markdown(f"""
+    ## Your code as a job: `torchrun`, two nodes, Slurm, a checkpoint (not graded)
+
+    On a cluster nobody forks ranks from a notebook: a launcher starts one
+    process per rank (`torchrun` on each node, or `srun`), and the job saves a
+    sharded checkpoint it can resume from, on another layout if need be. Your
+    exercises 1-9 are already that job. `composition_job` (the cell below
+    imports it) trains the small GPT with your functions on a PP × DP × TP
+    mesh, each step on its own batch, and can save and resume a checkpoint.
+
+    **In this notebook** `run_distributed(fn, world_size, ...)` forks
+    `world_size` processes and calls `fn(rank, world_size, ...)` in each.
+    **Under torchrun** the processes exist before your code runs: each one
+    reads `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR` and `MASTER_PORT`
+    from its environment and joins the process group with
+    `init_process_group(init_method="env://")`; the same `run_distributed` call
+    then runs `fn(RANK, WORLD_SIZE, ...)` in the process itself and gathers every
+    rank's result (`autograder/runtime/launch.py`). So the script is your cells:
+
+    ```bash
+    python -m autograder.runtime.launch export composition_lab.ipynb --out train_06.py   # save the notebook first
+    torchrun --standalone --nproc-per-node 8 train_06.py --pp 2 --dp 2 --tp 2 --steps 4
+    # two "nodes" on one machine: run each line in its own terminal (node 0 hosts the rendezvous)
+    torchrun --nnodes 2 --nproc-per-node 4 --node-rank 0 --rdzv-backend c10d --rdzv-endpoint localhost:29500 train_06.py
+    torchrun --nnodes 2 --nproc-per-node 4 --node-rank 1 --rdzv-backend c10d --rdzv-endpoint localhost:29500 train_06.py
+    # Slurm: each task is one rank (SLURM_PROCID -> RANK); or one torchrun per node under srun
+    MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -1) MASTER_PORT=29500 srun --ntasks 8 python train_06.py
+    # a checkpoint every 2 steps; one rank killed after step 3; torchrun restarts the job, which resumes from step 2
+    torchrun --standalone --nproc-per-node 4 --max-restarts 1 train_06.py --pp 1 --dp 2 --tp 2 --steps 6 \\
+        --checkpoint-dir ckpt --checkpoint-every 2 --simulate-failure 1:3
+    # resume the same checkpoint on another layout: PP 2 x TP 2 reads what DP 2 x TP 2 wrote
+    torchrun --standalone --nproc-per-node 4 train_06.py --pp 2 --dp 1 --tp 2 --steps 6 --checkpoint-dir ckpt
+    ```
+
+    Each prints `step N loss X`: the same numbers as the cell below, bit for
+    bit (the same ranks run the same operations in the same order; only the
+    launcher changed). What changes on a real cluster, what
+    `torch.distributed.checkpoint` does (the planner, the metadata, resharding on
+    load), `--backend nccl` (one GPU per rank, `cuda:LOCAL_RANK`), and what a
+    checkpoint costs per rank: [06_to_a_cluster.md]({LESSON}/06_to_a_cluster.md).
+    """)
+    nb.given("job", """
+    from autograder.checks.composition.job import composition_job
+    """)
+    nb.code("""
+    # The job in this notebook (PP 2 x TP 2 on 4 forked ranks, 3 steps); torchrun prints the same losses.
+    result = composition_job(globals(), pp=2, dp=1, tp=2, steps=3)
+    """)
     return nb
 
 

@@ -79,12 +79,19 @@ def _kept_statements(source: str, where: str) -> tuple[str, list[str]]:
                           f"notebook, then export again") from None
     lines = source.splitlines()
     kept, dropped = [], []
+    previous_end, previous_kept = 0, True  # a kept statement keeps the comments and blank lines above it
     for node in tree.body:
         start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
         text = "\n".join(lines[start - 1:node.end_lineno])
         if isinstance(node, _KEPT):
-            kept.append(text)
+            above = "\n".join(lines[previous_end:start - 1])
+            if kept and previous_kept:
+                kept[-1] += "\n" + (above + "\n" if above else "") + text
+            else:
+                kept.append((above.strip("\n") + "\n" if above.strip() else "") + text)
+            previous_end, previous_kept = node.end_lineno, True
         else:
+            previous_end, previous_kept = node.end_lineno, False
             first = text.strip().splitlines()[0]
             more = " ..." if len(first) > 70 or len(text.strip().splitlines()) > 1 else ""
             dropped.append(f"line {start}: {first[:70]}{more}")
@@ -235,15 +242,37 @@ def init_from_environment(backend: str = "gloo", *, timeout_s: float = 600.0) ->
                              f"has {torch.cuda.device_count()} CUDA device(s): start at most that many processes "
                              f"per node, or use --backend gloo")
         torch.cuda.set_device(local)
-        dist.init_process_group("nccl", init_method="env://", timeout=datetime.timedelta(seconds=timeout_s),
-                                device_id=torch.device("cuda", local))
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local), **_rendezvous(rank, world, timeout_s))
     elif backend == "gloo":
         if sys.platform.startswith("linux") and env.get("MASTER_ADDR") in ("localhost", "127.0.0.1"):
             env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=timeout_s))
+        dist.init_process_group("gloo", **_rendezvous(rank, world, timeout_s))
     else:
         raise SystemExit(f"--backend must be gloo or nccl, got {backend!r}")
     return rank, world, local, how
+
+
+def _rendezvous(rank: int, world: int, timeout_s: float) -> dict:
+    """init_process_group's rendezvous arguments: env://, except in a job that torchrun restarted.
+
+    torchrun's workers share the agent's TCPStore (MASTER_ADDR:MASTER_PORT), and
+    after a restart the keys of the dead attempt are still there: a new rank
+    can read a dead peer's address and fail with "Connection refused" (PyTorch
+    issue 135712; TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 on torchrun's command line
+    avoids it too). From the second attempt on, each attempt's keys get a
+    prefix of their own.
+    """
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    if attempt == 0:
+        return dict(init_method="env://", timeout=timeout)
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # the agent hosts it: every rank a client
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          is_master=not agent_store and rank == 0, timeout=timeout)
+    return dict(store=dist.PrefixStore(f"/course-job/attempt_{attempt}/", store), rank=rank, world_size=world,
+                timeout=timeout)
 
 
 def _options(job) -> list[tuple[str, object]]:

@@ -146,8 +146,9 @@ def _job_rank(rank, world_size, fns, pp, dp, tp, args, state, batches, microbatc
         if failure and failure[0] == rank and failure[1] == step + 1 and restart == 0:
             print(f"rank {rank}: killing myself after step {step + 1} (simulate_failure)", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
-    return {"losses": losses if reporter else None, "resumed": resumed, "saved": saved,
-            "state": {canonical_name(n, stage): _full(p) for n, p in stage.named_parameters()}}
+    # the whole model's parameters, gathered for the notebook (in a job, only the losses are sent around)
+    state = {} if live else {canonical_name(n, stage): _full(p) for n, p in stage.named_parameters()}
+    return {"losses": losses if reporter else None, "resumed": resumed, "saved": saved, "state": state}
 
 
 def _parse_failure(text: str):
@@ -169,7 +170,7 @@ def composition_job(namespace: dict, *, pp: int = 2, dp: int = 2, tp: int = 2, s
     Each step trains on its own global batch (seeded by `seed` and the step);
     the model starts from `master_state(JOB_ARGS, seed=seed)`. Returns
     {"losses": [(step, loss), ...], "resumed": checkpoint or None, "saved": [checkpoints],
-    "state": the whole model's parameters after training (gathered)}.
+    "state": the whole model's parameters after training (gathered; empty in a job)}.
     """
     missing = [n for n in PIPELINE_FUNCTIONS if not callable(namespace.get(n))]
     if missing:
@@ -210,6 +211,6 @@ def composition_job(namespace: dict, *, pp: int = 2, dp: int = 2, tp: int = 2, s
         for step, loss in losses:
             print(f"step {step} loss {float(loss)!r}")
     elif dist.get_rank() == 0:
-        print(f"done: {len(losses)} steps on PP {pp} x DP {dp} x TP {tp}, final loss {float(losses[-1][1])!r}",
-              flush=True)
+        print(f"done: {steps} steps on PP {pp} x DP {dp} x TP {tp} ({len(losses)} in this run), final loss "
+              f"{float(losses[-1][1])!r}", flush=True)
     return result
