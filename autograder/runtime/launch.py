@@ -8,9 +8,10 @@
 
 `export` writes a standalone script made of the notebook's code: your answer
 cells and the given (locked) cells, in order, keeping their definitions only
-(imports, functions, classes, assignments); test cells, scratch cells and any
-top-level call (a visible check, a print, a picture) are left out, each cell
-headed by a comment that says which statements were. The course's runtime is
+(imports, functions, classes, constants: assignments whose value calls
+nothing); test cells, scratch cells and every other top-level statement (a
+visible check, a print, a picture, a computation such as `x = torch.randn(...)`)
+are left out, each cell headed by a comment that says which statements were. The course's runtime is
 imported by the script, never copied. The notebook's `job` cell names its
 job (for example `composition_job`, autograder/checks/composition/job.py):
 the training that the script's `main()` runs.
@@ -70,6 +71,13 @@ def _meta(cell) -> dict:
     return cell.get("metadata", {}).get("nbgrader", {}) or {}
 
 
+def _kept(node) -> bool:
+    """A definition: an import, a function, a class, or an assignment of a value that calls nothing (a constant)."""
+    if isinstance(node, (ast.Assign, ast.AnnAssign)):
+        return node.value is not None and not any(isinstance(n, ast.Call) for n in ast.walk(node.value))
+    return isinstance(node, _KEPT)
+
+
 def _kept_statements(source: str, where: str) -> tuple[str, list[str]]:
     """The cell's top-level definitions, as written; and a line for each statement left out."""
     try:
@@ -83,10 +91,11 @@ def _kept_statements(source: str, where: str) -> tuple[str, list[str]]:
     for node in tree.body:
         start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
         text = "\n".join(lines[start - 1:node.end_lineno])
-        if isinstance(node, _KEPT):
-            above = "\n".join(lines[previous_end:start - 1])
+        if _kept(node):
+            between = lines[previous_end:start - 1]
+            above = "\n".join(between)
             if kept and previous_kept:
-                kept[-1] += "\n" + (above + "\n" if above else "") + text
+                kept[-1] += "\n" + (above + "\n" if between else "") + text
             else:
                 kept.append((above.strip("\n") + "\n" if above.strip() else "") + text)
             previous_end, previous_kept = node.end_lineno, True
