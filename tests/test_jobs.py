@@ -200,7 +200,7 @@ def test_export_keeps_answers_and_given_definitions_and_leaves_out_tests_scratch
                     cell("def scratch_helper():\n    pass"),
                     cell("with checking('E1', 'doc'):\n    assert f(1) == 2", grade_id="test_f", grade=True,
                          locked=True),
-                    cell("from autograder.checks.composition.job import composition_job", grade_id="job",
+                    cell("from autograder.checks.composition import composition_job", grade_id="job",
                          locked=True)]}
     out = export_source(nb, name="made_up.ipynb")
     assert "K = (3, 4)\n\ndef f(x)" in out and "scratch_helper" not in out and "assert f(1)" not in out

@@ -484,7 +484,7 @@ def build() -> NotebookBuilder:
     [06_to_a_cluster.md](../../assignments/06_composition/06_to_a_cluster.md).
     """)
     nb.given("job", """
-    from autograder.checks.data_parallel.job import data_parallel_job
+    from autograder.checks.data_parallel import data_parallel_job
     """)
     nb.code("""
     # Your DDP as a job, in this notebook (2 forked ranks, 4 steps); torchrun prints the same losses.

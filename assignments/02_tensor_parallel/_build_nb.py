@@ -475,7 +475,7 @@ def build() -> NotebookBuilder:
     [06_to_a_cluster.md](../../assignments/06_composition/06_to_a_cluster.md).
     """)
     nb.given("job", """
-    from autograder.checks.tensor_parallel.job import tensor_parallel_job
+    from autograder.checks.tensor_parallel import tensor_parallel_job
     """)
     nb.code("""
     # Your TP + SP layers as a job, in this notebook (2 forked ranks, 4 steps); torchrun prints the same losses.

@@ -741,7 +741,7 @@ def build() -> NotebookBuilder:
     [06_to_a_cluster.md](../../assignments/06_composition/06_to_a_cluster.md).
     """)
     nb.given("job", """
-    from autograder.checks.pipeline_parallel.job import pipeline_job
+    from autograder.checks.pipeline_parallel import pipeline_job
     """)
     nb.code("""
     # Your pipeline as a job, in this notebook (2 forked ranks, 4 steps); torchrun prints the same losses.

@@ -970,7 +970,7 @@ def build() -> NotebookBuilder:
     checkpoint costs per rank: [06_to_a_cluster.md]({LESSON}/06_to_a_cluster.md).
     """)
     nb.given("job", """
-    from autograder.checks.composition.job import composition_job
+    from autograder.checks.composition import composition_job
     """)
     nb.code("""
     # The job in this notebook (PP 2 x TP 2 on 4 forked ranks, 3 steps); torchrun prints the same losses.

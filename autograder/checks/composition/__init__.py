@@ -15,6 +15,7 @@ Exercise -> check (the module of this package that holds it); this package re-ex
     11 step_time                        check_step_time                                  planner.py
     12 plan, best_layouts               check_plan, check_best_layouts                   planner.py
        (picture, not graded)            plot_rank_layout                                 layout.py
+       (the job, not graded)            composition_job                                  job.py
 
     import autograder.checks.composition as checks
     checks.check_rank_layout(rank_layout, 16, tp=2, pp=4, expected={...})
@@ -49,9 +50,14 @@ from .planner import (
     check_memory_per_gpu, check_step_time, check_plan, check_best_layouts,
 )
 
+from .job import (
+    composition_job, checkpoint_state, latest_checkpoint, JOB_ARGS,
+)
+
 __all__ = [
     "TOL", "check_rank_layout", "check_rank_layout_errors", "check_process_groups", "check_device_mesh",
     "check_local_batch", "plot_rank_layout", "check_tensor_parallel_plan", "check_dp_tp_training",
     "check_loss_averaging", "check_tied_embedding_grads", "check_clip_grad_norm", "check_pipeline_training",
     "PIPELINE_FUNCTIONS", "check_memory_per_gpu", "check_step_time", "check_plan", "check_best_layouts",
+    "composition_job", "checkpoint_state", "latest_checkpoint", "JOB_ARGS",
 ]
