@@ -376,3 +376,23 @@ def test_the_lessons_checkpoint_bytes_are_what_dcp_writes_for_the_capstone(job, 
     for name, size in sorted(written.items()):
         assert abs(size - want["per_rank"]) <= 0.10 * want["per_rank"], (
             f"{layout}: {name} holds {size} bytes, the formula's share is {want['per_rank']:.0f}")
+
+
+def test_the_lessons_checkpoint_numbers_are_the_codes():
+    """06_to_a_cluster.md §5 (and its Chinese twin) print what autograder/lessons/checkpoint.py computes: the
+    capstone's bytes and Llama 3 70B's at TP 8 x PP 4 x DP 32, in the lesson's rounding."""
+    from autograder.lessons.checkpoint import CAPSTONE, checkpoint_bytes
+    from autograder.lessons.planner import LLAMA3_70B, Layout
+
+    capstone = checkpoint_bytes(CAPSTONE, Layout(tp=2, dp=2), param_bytes=8, optim_bytes=16)
+    llama = checkpoint_bytes(LLAMA3_70B, Layout(tp=8, pp=4, dp=32))
+    assert llama["stage"] == 3, "the lesson says the fullest stage is the last"
+    expected = [f"{CAPSTONE.num_params():,}",
+                f"{capstone['total']:,}", f"{capstone['per_rank']:,.0f}", f"{LLAMA3_70B.num_params() / 1e9:.2f}",
+                f"{llama['total'] / 1e9:.1f} GB", f"{llama['per_rank'] / 1e9:.2f} GB",
+                f"{LLAMA3_70B.n_layers // 4} "]
+    for lang in ("", "zh"):
+        path = os.path.join(ROOT, lang, "assignments", "06_composition", "06_to_a_cluster.md")
+        text = open(path, encoding="utf-8").read().split("## 5.", 1)[1].split("## 6.", 1)[0]
+        missing = [e for e in expected if e not in text]
+        assert not missing, f"{os.path.relpath(path, ROOT)} §5 does not show {missing} (autograder/lessons/checkpoint.py)"
