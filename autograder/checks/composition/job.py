@@ -15,9 +15,9 @@ As a job (autograder/runtime/launch.py: `export`, then one process per rank):
 The rank program is the one exercise 9's test runs (`_pp_rank` in train.py, the
 same calls in the same order), with a different batch at every step and, with
 `checkpoint_dir`, a checkpoint written by `torch.distributed.checkpoint` (DCP)
-every `checkpoint_every` steps: model and AdamW state, each tensor under the
-name it has in the whole single-process model (`checkpoint_state`), so that a
-run on another layout (another PP, DP or TP size) loads the same checkpoint,
+every `checkpoint_every` steps: model and AdamW state under the keys your
+`checkpoint_state` (exercise 13) gives them, the same on every layout, so that
+a run on another layout (another PP, DP or TP size) loads the same checkpoint,
 each rank reading only the pieces it holds. A run that finds a checkpoint in
 `checkpoint_dir` resumes from the latest complete one (torchrun restarts the
 job after a rank dies: `--max-restarts`). `simulate_failure="RANK:STEP"` kills
@@ -45,37 +45,11 @@ from autograder.lessons.tinygpt import ModelArgs, TinyGPT, master_state
 from .common import LR, _batch, _full, _rank_logging_to_log_file, _student
 from .train import PIPELINE_FUNCTIONS, _embedding_group
 
-__all__ = ["composition_job", "checkpoint_state", "latest_checkpoint", "JOB_ARGS"]
+__all__ = ["composition_job", "latest_checkpoint", "JOB_ARGS"]
 
 # The job's model: 4 layers (2 per stage at PP 2, 4 at PP 1), exercise 9's sizes otherwise.
 JOB_ARGS = ModelArgs(n_layers=4)
 _CKPT = re.compile(r"^step_(\d+)$")
-
-
-def canonical_name(name: str, stage) -> str:
-    """The name a stage's parameter has in the whole model: the last stage's head copy is the embedding."""
-    if name == "output.weight" and stage.tok_embeddings is None:
-        return "tok_embeddings.weight"  # pp > 1: the head holds a copy of the tied embedding (Megatron's way)
-    return name
-
-
-def checkpoint_state(stage, optimizer) -> dict:
-    """This rank's part of the checkpoint: {flat key: tensor}, keys as in the whole single-process model.
-
-    `model.<name>` for every parameter of the stage (DTensors: each rank holds
-    its shards, DCP writes each piece once); `optim.<name>.<exp_avg|exp_avg_sq|step>`
-    for its AdamW state. The tied head's copy on the last stage has the
-    embedding's name: both stages then offer the same pieces under one key, and
-    DCP's planner keeps one writer of each (`dedup_save_plans`). Loading fills
-    these tensors in place (`dcp.load`), whatever layout wrote the checkpoint.
-    """
-    state = {}
-    for name, p in stage.named_parameters():
-        key = canonical_name(name, stage)
-        state[f"model.{key}"] = p
-        for k, v in optimizer.state.get(p, {}).items():
-            state[f"optim.{key}.{k}"] = v
-    return state
 
 
 def _init_optimizer_state(optimizer) -> None:
@@ -122,7 +96,7 @@ def _job_rank(rank, world_size, fns, pp, dp, tp, args, state, batches, microbatc
     if found:
         start, path = found
         _init_optimizer_state(opt)
-        dcp.load(checkpoint_state(stage, opt), checkpoint_id=path)  # each rank reads the pieces it holds
+        dcp.load(_student(fns["checkpoint_state"], stage, opt, what="checkpoint_state"), checkpoint_id=path)
         resumed = path
         if live and reporter:
             print(f"resumed from {path} (step {start}) on PP {pp} x DP {dp} x TP {tp}", flush=True)
@@ -139,15 +113,15 @@ def _job_rank(rank, world_size, fns, pp, dp, tp, args, state, batches, microbatc
             print(f"step {step + 1} loss {float(loss)!r}", flush=True)
         if checkpoint_dir and checkpoint_every and (step + 1) % checkpoint_every == 0:
             path = os.path.join(checkpoint_dir, f"step_{step + 1}")
-            dcp.save(checkpoint_state(stage, opt), checkpoint_id=path)
+            dcp.save(_student(fns["checkpoint_state"], stage, opt, what="checkpoint_state"), checkpoint_id=path)
             saved.append(path)
             if live and rank == 0:
                 print(f"saved {path}", flush=True)
         if failure and failure[0] == rank and failure[1] == step + 1 and restart == 0:
             print(f"rank {rank}: killing myself after step {step + 1} (simulate_failure)", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
-    # the whole model's parameters, gathered for the notebook (in a job, only the losses are sent around)
-    state = {} if live else {canonical_name(n, stage): _full(p) for n, p in stage.named_parameters()}
+    # this stage's parameters, gathered, for the notebook (in a job, only the losses are sent around)
+    state = {} if live else {n: _full(p) for n, p in stage.named_parameters()}
     return {"losses": losses if reporter else None, "resumed": resumed, "saved": saved, "state": state}
 
 
@@ -170,12 +144,15 @@ def composition_job(namespace: dict, *, pp: int = 2, dp: int = 2, tp: int = 2, s
     Each step trains on its own global batch (seeded by `seed` and the step);
     the model starts from `master_state(JOB_ARGS, seed=seed)`. Returns
     {"losses": [(step, loss), ...], "resumed": checkpoint or None, "saved": [checkpoints],
-    "state": the whole model's parameters after training (gathered; empty in a job)}.
+    "state": every stage's parameters after training, by name (gathered; empty in a job; with pp > 1 the last
+    stage's copy of the tied head is `output.weight`)}.
     """
-    missing = [n for n in PIPELINE_FUNCTIONS if not callable(namespace.get(n))]
+    needed = PIPELINE_FUNCTIONS + (("checkpoint_state",) if checkpoint_dir else ())
+    missing = [n for n in needed if not callable(namespace.get(n))]
     if missing:
-        raise ValueError(f"composition_job: the job needs your {', '.join(missing)} (exercises 3-9): define "
-                         f"{'it' if len(missing) == 1 else 'them'} in the answer cells, run them, then start the job")
+        raise ValueError(f"composition_job: the job needs your {', '.join(missing)} (exercises 3-9, and 13 for a "
+                         f"checkpoint): define {'it' if len(missing) == 1 else 'them'} in the answer cells, run "
+                         f"them, then start the job")
     for what, value in (("pp", pp), ("dp", dp), ("tp", tp), ("steps", steps), ("microbatches", microbatches)):
         if value < 1:
             raise ValueError(f"composition_job: {what} must be >= 1, got {value}")
@@ -195,7 +172,7 @@ def composition_job(namespace: dict, *, pp: int = 2, dp: int = 2, tp: int = 2, s
     live = running_as_job()
     state = master_state(args, seed=seed)
     batches = [_batch(args, batch, seq, seed + 7919 * step) for step in range(steps)]
-    fns = {n: namespace[n] for n in PIPELINE_FUNCTIONS}
+    fns = {n: namespace[n] for n in needed}
     results = run_distributed(_job_rank, pp * dp * tp, timeout=timeout,
                               args=(fns, pp, dp, tp, args, state, batches, microbatches, max_norm,
                                     os.path.abspath(checkpoint_dir) if checkpoint_dir else "", checkpoint_every,
