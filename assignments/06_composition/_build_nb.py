@@ -646,7 +646,7 @@ def build() -> NotebookBuilder:
       elements at activation_bytes + 4 bytes (the loss's fp32 softmax).
     """)
     nb.solution_from("planner_memory", planner_mod, "stage_params", "memory_per_gpu")
-    nb.test("test_memory_per_gpu", 8, doc="Bytes per GPU of the worst stage equal hand-computed cases and ~88 / ~26 GB for Llama 3 405B.",
+    nb.test("test_memory_per_gpu", 6, doc="Bytes per GPU of the worst stage equal hand-computed cases and ~88 / ~26 GB for Llama 3 405B.",
             visible="""
     # A GPT-shaped toy: 4 layers, h 1024, ffn 4096 (GeLU), 16 heads, vocab 32768, tied. Layer params:
     # 2*1024^2 (q, o) + 2*1024*1024 (k, v) + 2*1024*4096 (MLP) + 2*1024 (norms) = 12,584,960; embedding 33,554,432.
@@ -736,7 +736,7 @@ def build() -> NotebookBuilder:
     - `total` = compute + bubble + tp + cp + pp + dp.
     """)
     nb.solution_from("planner_time", planner_mod, "step_time")
-    nb.test("test_step_time", 8, doc="Seconds per step (compute, bubble, each dimension's exposed traffic) equal hand-computed cases.",
+    nb.test("test_step_time", 6, doc="Seconds per step (compute, bubble, each dimension's exposed traffic) equal hand-computed cases.",
             visible="""
     # The toy of exercise 10 on one node of 8 H100 (989e12 FLOP/s, NVLink 450e9 B/s, 3e-6 s per message), MFU 0.4.
     toy = ModelConfig("toy", n_layers=4, hidden=1024, ffn=4096, n_heads=16, n_kv_heads=16, vocab=32768, swiglu=False,
@@ -1002,7 +1002,7 @@ def build() -> NotebookBuilder:
     between PP 2 × TP 2 and DP 2 × TP 2. Lesson: [06_to_a_cluster.md](../../assignments/06_composition/06_to_a_cluster.md) §4.
     """)
     nb.solution_from("checkpoint_state", checkpoint_mod, "checkpoint_state")
-    nb.test("test_checkpoint_state", 5, doc="Saved on one layout with your keys, loaded on another: every parameter and AdamW state restored.",
+    nb.test("test_checkpoint_state", 4, doc="Saved on one layout with your keys, loaded on another: every parameter and AdamW state restored.",
             visible="""
     check_checkpoint_state(checkpoint_state, save=dict(pp=2, dp=1, tp=2), load=dict(pp=1, dp=2, tp=2))
     check_checkpoint_state(checkpoint_state, save=dict(pp=1, dp=2, tp=2), load=dict(pp=2, dp=1, tp=2))
