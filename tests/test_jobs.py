@@ -229,6 +229,12 @@ def test_a_job_started_with_another_world_size_says_how_to_start_it():
     assert "4 ranks" in msg and "WORLD_SIZE=2" in msg and "--nproc-per-node 4" in msg, msg
 
 
+def test_the_capstones_job_refuses_nccl_saying_why(job):
+    folder, script, namespace = job
+    with pytest.raises(ValueError, match=r"backend 'nccl'.*CPU ranks.*build_schedule places each stage on the CPU"):
+        namespace["composition_job"](namespace, backend="nccl")
+
+
 # -- torchrun, two agents, srun -----------------------------------------------------------------------------
 
 # 01, 02, 03: their job under torchrun --standalone (06's runs there in the killed-rank test below)

@@ -49,7 +49,8 @@ import socket
 import subprocess
 import sys
 
-__all__ = ["export", "export_source", "run_job", "running_as_job", "init_from_environment", "JobSizeError"]
+__all__ = ["export", "export_source", "run_job", "running_as_job", "job_device", "init_from_environment",
+           "JobSizeError"]
 
 # The cell that names a notebook's job (its grade id), and the comment the exported script starts each cell with.
 JOB_CELL = "job"
@@ -200,6 +201,22 @@ def running_as_job() -> bool:
     from autograder.runtime import dist as course_dist
 
     return isinstance(course_dist._EXECUTOR, _JobExecutor)
+
+
+def job_device():
+    """The device of this rank's tensors: `cuda:<its device>` in an NCCL process group, else the CPU.
+
+    Both runners set the rank's device before its program runs (`run_distributed`
+    with backend="nccl": cuda:rank % devices; `run_job` with --backend nccl:
+    cuda:LOCAL_RANK), so a job's rank program places its model and data with
+    this and runs unchanged on gloo and on NCCL.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _first_slurm_host() -> str:

@@ -137,7 +137,7 @@ def _parse_failure(text: str):
 def composition_job(namespace: dict, *, pp: int = 2, dp: int = 2, tp: int = 2, steps: int = 4, batch: int = 4,
                     seq: int = 8, microbatches: int = 2, max_norm: float = 1.0, seed: int = 0,
                     checkpoint_dir: str = "", checkpoint_every: int = 0, simulate_failure: str = "",
-                    timeout: float = 120.0) -> dict:
+                    timeout: float = 120.0, backend: str = "gloo") -> dict:
     """Train the small GPT with your exercise 1-9 functions on a PP x DP x TP mesh; log each step's loss.
 
     `namespace`: where your functions are (the notebook's `globals()`).
@@ -147,6 +147,11 @@ def composition_job(namespace: dict, *, pp: int = 2, dp: int = 2, tp: int = 2, s
     "state": every stage's parameters after training, by name (gathered; empty in a job; with pp > 1 the last
     stage's copy of the tied head is `output.weight`)}.
     """
+    if backend != "gloo":
+        raise ValueError(f"composition_job: backend {backend!r}: the capstone's job trains on CPU ranks (gloo). "
+                         f"Its meshes are 'cpu' meshes and exercise 9's build_schedule places each stage on the CPU, "
+                         f"as its task says; on GPUs the model, the batch, init_device_mesh('cuda', ...) and the "
+                         f"PipelineStage's device move to cuda:LOCAL_RANK (06_to_a_cluster.md, section 2)")
     needed = PIPELINE_FUNCTIONS + (("checkpoint_state",) if checkpoint_dir else ())
     missing = [n for n in needed if not callable(namespace.get(n))]
     if missing:

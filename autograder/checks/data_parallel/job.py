@@ -34,10 +34,13 @@ _MODEL = dict(vocab=11, hidden=8, ffn=12, seq=5, layers=2, tied=True)
 
 
 def _job_rank(rank, world_size, strategy, impl, data, batch, lr, seed, bucket_cap_mb):
+    from autograder.runtime.launch import job_device
+
     group = dist.group.WORLD
+    device = job_device()  # the CPU on gloo, this rank's GPU on NCCL
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = TinyTransformer(**_MODEL).double()
+        model = TinyTransformer(**_MODEL).double().to(device)
     if strategy == "ddp":
         model = impl(model, group=group, bucket_cap_mb=bucket_cap_mb)
         opt = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -51,8 +54,8 @@ def _job_rank(rank, world_size, strategy, impl, data, batch, lr, seed, bucket_ca
     rows = slice(rank * batch, (rank + 1) * batch)
     losses = []
     for tokens, labels in data:
-        logits = model(tokens[rows])  # [batch, seq, vocab]
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[rows].reshape(-1))
+        logits = model(tokens[rows].to(device))  # [batch, seq, vocab]
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[rows].to(device).reshape(-1))
         loss.backward()
         if strategy == "ddp":
             model.finish_gradient_synchronization()
@@ -64,10 +67,11 @@ def _job_rank(rank, world_size, strategy, impl, data, batch, lr, seed, bucket_ca
 
 def data_parallel_job(namespace: dict, *, strategy: str = "ddp", world_size: int = 2, steps: int = 4,
                       batch: int = 2, lr: float = 1e-2, seed: int = 0, bucket_cap_mb: float = 0.0005,
-                      timeout: float = 60.0) -> dict:
+                      timeout: float = 60.0, backend: str = "gloo") -> dict:
     """Train a small transformer with your data parallelism (ddp, zero or fsdp); log each step's loss.
 
-    `namespace`: where your classes are (the notebook's `globals()`). Returns
+    `namespace`: where your classes are (the notebook's `globals()`); `backend`: "gloo" (CPU ranks) or "nccl"
+    (a GPU per rank; as a job, `--backend`). Returns
     {"losses": [(step, loss of the global batch), ...]}.
     """
     if strategy not in STRATEGIES:
@@ -86,7 +90,7 @@ def data_parallel_job(namespace: dict, *, strategy: str = "ddp", world_size: int
     rows = world_size * batch
     data = [(torch.randint(0, _MODEL["vocab"], (rows, _MODEL["seq"]), generator=gen),
              torch.randint(0, _MODEL["vocab"], (rows, _MODEL["seq"]), generator=gen)) for _ in range(steps)]
-    results = run_distributed(_job_rank, world_size, timeout=timeout,
+    results = run_distributed(_job_rank, world_size, timeout=timeout, backend=backend,
                               args=(strategy, namespace[name], data, batch, lr, seed, bucket_cap_mb))
     losses = [(step + 1, sum(r[step] for r in results) / world_size) for step in range(steps)]
     if not running_as_job() or dist.get_rank() == 0:

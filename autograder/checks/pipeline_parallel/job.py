@@ -30,11 +30,15 @@ SCHEDULES = {"gpipe": "gpipe_schedule", "1f1b": "one_f_one_b_schedule"}
 
 
 def _job_rank(rank, world_size, run_pipeline, schedule_fn, weights, biases, data, lr):
+    from autograder.runtime.launch import job_device
+
     group = dist.group.WORLD
-    stage = TaggedStage(weights[rank], biases[rank])
+    device = job_device()  # the CPU on gloo, this rank's GPU on NCCL
+    stage = TaggedStage(weights[rank].to(device), biases[rank].to(device))
     schedule = list(schedule_fn(world_size, rank, len(data[0][0])))
     losses = []
     for microbatches, targets in data:
+        microbatches, targets = [x.to(device) for x in microbatches], [t.to(device) for t in targets]
         loss = run_pipeline(stage, schedule, microbatches, targets, F.mse_loss, pp_group=group)
         with torch.no_grad():
             for p in stage.parameters():
@@ -46,11 +50,11 @@ def _job_rank(rank, world_size, run_pipeline, schedule_fn, weights, biases, data
 
 def pipeline_job(namespace: dict, *, stages: int = 2, microbatches: int = 4, schedule: str = "1f1b",
                  steps: int = 4, batch: int = 2, hidden: int = 8, lr: float = 0.1, seed: int = 0,
-                 timeout: float = 60.0) -> dict:
+                 timeout: float = 60.0, backend: str = "gloo") -> dict:
     """Train `stages` pipeline stages with your schedule and run_pipeline; log each step's loss (last stage).
 
-    `namespace`: where your functions are (the notebook's `globals()`).
-    Returns {"losses": [(step, loss), ...]}.
+    `namespace`: where your functions are (the notebook's `globals()`); `backend`: "gloo" (CPU ranks) or
+    "nccl" (a GPU per rank; as a job, `--backend`). Returns {"losses": [(step, loss), ...]}.
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"pipeline_job: schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
@@ -71,7 +75,7 @@ def pipeline_job(namespace: dict, *, stages: int = 2, microbatches: int = 4, sch
         xs = [torch.randn(batch, hidden, generator=gen, dtype=torch.float64) for _ in range(microbatches)]
         ts = [torch.randn(batch, hidden, generator=gen, dtype=torch.float64) for _ in range(microbatches)]
         data.append((xs, ts))
-    results = run_distributed(_job_rank, stages, timeout=timeout,
+    results = run_distributed(_job_rank, stages, timeout=timeout, backend=backend,
                               args=(namespace["run_pipeline"], namespace[SCHEDULES[schedule]], weights, biases, data,
                                     lr))
     losses = [(step + 1, results[-1][step]) for step in range(steps)]

@@ -41,10 +41,14 @@ def _masters(hidden, ffn, vocab, seed):
 
 
 def _job_rank(rank, world_size, fns, masters, data, sp, lr):
+    from autograder.runtime.launch import job_device
+
     group = dist.group.WORLD
+    device = job_device()  # the CPU on gloo, this rank's GPU on NCCL
+    masters = {k: v.to(device) for k, v in masters.items()}
     hidden, ffn, vocab = masters["fc1_weight"].shape[1], masters["fc1_weight"].shape[0], masters["head_weight"].shape[0]
     model = nn.Module()
-    model.norm = nn.LayerNorm(hidden, dtype=torch.float64)
+    model.norm = nn.LayerNorm(hidden, dtype=torch.float64, device=device)
     with torch.no_grad():
         model.norm.weight.copy_(masters["ln_weight"])
         model.norm.bias.copy_(masters["ln_bias"])
@@ -58,6 +62,7 @@ def _job_rank(rank, world_size, fns, masters, data, sp, lr):
                                              sequence_parallel=sp, master_weight=masters["head_weight"])
     losses = []
     for x, target in data:
+        x, target = x.to(device), target.to(device)
         if sp:
             x = x.chunk(world_size, dim=0)[rank]  # [s, b, h] -> [s/t, b, h]: this rank's sequence shard
         h = x + model.mlp(model.norm(x))  # [s(/t), b, h]
@@ -77,10 +82,11 @@ def _job_rank(rank, world_size, fns, masters, data, sp, lr):
 
 def tensor_parallel_job(namespace: dict, *, tp: int = 2, sequence_parallel: bool = True, steps: int = 4,
                         seq: int = 8, batch: int = 2, hidden: int = 8, ffn: int = 16, vocab: int = 16,
-                        lr: float = 0.1, seed: int = 0, timeout: float = 60.0) -> dict:
+                        lr: float = 0.1, seed: int = 0, timeout: float = 60.0, backend: str = "gloo") -> dict:
     """Train a LayerNorm -> ParallelMLP -> vocabulary head with your TP layers on `tp` ranks; log each step's loss.
 
-    `namespace`: where your classes and functions are (the notebook's `globals()`).
+    `namespace`: where your classes and functions are (the notebook's `globals()`); `backend`: "gloo" (CPU
+    ranks) or "nccl" (a GPU per rank; as a job, `--backend`).
     Returns {"losses": [(step, loss), ...]}.
     """
     missing = [n for n in NEEDS if not callable(namespace.get(n))]
@@ -98,7 +104,8 @@ def tensor_parallel_job(namespace: dict, *, tp: int = 2, sequence_parallel: bool
     data = [(torch.randn(seq, batch, hidden, generator=gen, dtype=torch.float64),
              torch.randint(0, vocab, (seq, batch), generator=gen)) for _ in range(steps)]
     fns = {n: namespace[n] for n in NEEDS}
-    results = run_distributed(_job_rank, tp, timeout=timeout, args=(fns, masters, data, sequence_parallel, lr))
+    results = run_distributed(_job_rank, tp, timeout=timeout, backend=backend,
+                              args=(fns, masters, data, sequence_parallel, lr))
     losses = [(step + 1, results[0][step]) for step in range(steps)]
     if not running_as_job() or dist.get_rank() == 0:
         for step, loss in losses:
