@@ -461,6 +461,35 @@ def build() -> NotebookBuilder:
             check_gather_full_params(fully_shard, gather_full_params, world_size=4, seed=1)
             check_gather_full_params(fully_shard, gather_full_params, world_size=1, seed=3)
             """)
+    # -- your code as a job (not graded) -----------------------------------------------------
+    nb.markdown("""
+    ## Your code as a job: `torchrun` (not graded)
+
+    Every test above ran in ranks this notebook forked (`run_distributed`). On
+    a cluster a launcher starts one process per rank instead, and your code is
+    the same. `data_parallel_job` (the cell below imports it) trains a small transformer with your `BucketedDDP` (`strategy="ddp"`), your `ZeroShardedOptimizer` (`"zero"`) or your `fully_shard` (`"fsdp"`). Export your
+    notebook's code (answer and given cells, definitions only) as a script and
+    start it with torchrun:
+
+    ```bash
+    python -m autograder.runtime.launch export data_parallel_lab.ipynb --out train_01.py   # save the notebook first
+    torchrun --standalone --nproc-per-node 2 train_01.py --strategy zero --world-size 2
+    python train_01.py --help                                               # the job's options
+    ```
+
+    It prints `step N loss X`: the same numbers as the cell below, bit for bit.
+    How the runner maps onto torchrun's environment (`RANK`, `WORLD_SIZE`,
+    `LOCAL_RANK`, `env://`), two nodes, Slurm, `--backend nccl` and sharded
+    checkpoints: the last section of assignment 06's notebook, and
+    [06_to_a_cluster.md](../../assignments/06_composition/06_to_a_cluster.md).
+    """)
+    nb.given("job", """
+    from autograder.checks.data_parallel import data_parallel_job
+    """)
+    nb.code("""
+    # Your DDP as a job, in this notebook (2 forked ranks, 4 steps); torchrun prints the same losses.
+    result = data_parallel_job(globals(), strategy="ddp", world_size=2, steps=4)
+    """)
     nb.nccl_checks("""
     [
         ("all_reduce_gradients", check_all_reduce_gradients, (all_reduce_gradients,), {"world_size": 2}),

@@ -452,6 +452,35 @@ def build() -> NotebookBuilder:
     check_async_allreduce_overlap(LinearWithAsyncAllReduce, world_size=1, in_features=5, out_features=3,
                                   seq=2, batch=3, seed=3)
     """)
+    # -- your code as a job (not graded) -----------------------------------------------------
+    nb.markdown("""
+    ## Your code as a job: `torchrun` (not graded)
+
+    Every test above ran in ranks this notebook forked (`run_distributed`). On
+    a cluster a launcher starts one process per rank instead, and your code is
+    the same. `tensor_parallel_job` (the cell below imports it) trains `LayerNorm -> ParallelMLP -> ColumnParallelLinear` over the vocabulary with your layers and your `vocab_parallel_cross_entropy` (with sequence parallelism: your `allreduce_sequence_parallel_grads`). Export your
+    notebook's code (answer and given cells, definitions only) as a script and
+    start it with torchrun:
+
+    ```bash
+    python -m autograder.runtime.launch export tensor_parallel_lab.ipynb --out train_02.py   # save the notebook first
+    torchrun --standalone --nproc-per-node 2 train_02.py --tp 2 --sequence-parallel true
+    python train_02.py --help                                               # the job's options
+    ```
+
+    It prints `step N loss X`: the same numbers as the cell below, bit for bit.
+    How the runner maps onto torchrun's environment (`RANK`, `WORLD_SIZE`,
+    `LOCAL_RANK`, `env://`), two nodes, Slurm, `--backend nccl` and sharded
+    checkpoints: the last section of assignment 06's notebook, and
+    [06_to_a_cluster.md](../../assignments/06_composition/06_to_a_cluster.md).
+    """)
+    nb.given("job", """
+    from autograder.checks.tensor_parallel import tensor_parallel_job
+    """)
+    nb.code("""
+    # Your TP + SP layers as a job, in this notebook (2 forked ranks, 4 steps); torchrun prints the same losses.
+    result = tensor_parallel_job(globals(), tp=2, sequence_parallel=True, steps=4)
+    """)
     nb.nccl_checks("""
     [
         ("f (copy_to)", check_mapping,

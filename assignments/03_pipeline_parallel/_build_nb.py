@@ -718,6 +718,35 @@ def build() -> NotebookBuilder:
     plot_zb_timelines(run_pipeline_zb, [("ZB-H1", zb_h1_schedule, 4, 8, "loop"),
                                         ("DualPipeV", dualpipev_schedule, 4, 8, "v")])
     """)
+    # -- your code as a job (not graded) -----------------------------------------------------
+    nb.markdown("""
+    ## Your code as a job: `torchrun` (not graded)
+
+    Every test above ran in ranks this notebook forked (`run_distributed`). On
+    a cluster a launcher starts one process per rank instead, and your code is
+    the same. `pipeline_job` (the cell below imports it) trains one stage per rank with your `one_f_one_b_schedule` (or `gpipe_schedule`) and your `run_pipeline`. Export your
+    notebook's code (answer and given cells, definitions only) as a script and
+    start it with torchrun:
+
+    ```bash
+    python -m autograder.runtime.launch export pipeline_parallel_lab.ipynb --out train_03.py   # save the notebook first
+    torchrun --standalone --nproc-per-node 4 train_03.py --stages 4 --schedule 1f1b
+    python train_03.py --help                                               # the job's options
+    ```
+
+    It prints `step N loss X`: the same numbers as the cell below, bit for bit.
+    How the runner maps onto torchrun's environment (`RANK`, `WORLD_SIZE`,
+    `LOCAL_RANK`, `env://`), two nodes, Slurm, `--backend nccl` and sharded
+    checkpoints: the last section of assignment 06's notebook, and
+    [06_to_a_cluster.md](../../assignments/06_composition/06_to_a_cluster.md).
+    """)
+    nb.given("job", """
+    from autograder.checks.pipeline_parallel import pipeline_job
+    """)
+    nb.code("""
+    # Your pipeline as a job, in this notebook (2 forked ranks, 4 steps); torchrun prints the same losses.
+    result = pipeline_job(globals(), stages=2, microbatches=4, schedule="1f1b", steps=4)
+    """)
     nb.nccl_checks("""
     [
         ("P2P helpers", check_p2p_helpers, (send_forward, recv_forward, send_backward, recv_backward),

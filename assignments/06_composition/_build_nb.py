@@ -20,6 +20,7 @@ sys.path.insert(0, ROOT)
 
 from autograder.lessons import tinygpt  # noqa: E402
 from autograder.authoring.nbbuild import NotebookBuilder, source_of  # noqa: E402
+from solutions.composition import checkpoint as checkpoint_mod  # noqa: E402
 from solutions.composition import layout as layout_mod  # noqa: E402
 from solutions.composition import planner as planner_mod  # noqa: E402
 from solutions.composition import train as train_mod  # noqa: E402
@@ -107,7 +108,8 @@ def build() -> NotebookBuilder:
     7. `allreduce_tied_embedding_grads`: the tied embedding kept in sync across pipeline stages;
     8. `clip_grad_norm_`: the norm of the whole model from shards on a PP × DP × TP mesh;
     9. the pipeline: `split_model_for_pipeline`, `build_schedule`, `pipeline_train_step`; PP 2 × DP 2 × TP 2 trained;
-    10-12. the planner: `memory_per_gpu`, `step_time`, `plan`, `best_layouts`.
+    10-12. the planner: `memory_per_gpu`, `step_time`, `plan`, `best_layouts`;
+    13. `checkpoint_state`: a checkpoint that resumes on another layout (the last section: your code as a job).
 
     Read first: this lesson's [README.md]({LESSON}/README.md), and [the course overview](../../assignments/README.md)
     (the five dimensions side by side, and how they compose). Deep dives:
@@ -160,7 +162,7 @@ def build() -> NotebookBuilder:
         PIPELINE_FUNCTIONS, check_best_layouts, check_clip_grad_norm, check_device_mesh, check_dp_tp_training,
         check_local_batch, check_loss_averaging, check_memory_per_gpu, check_pipeline_training, check_plan,
         check_process_groups, check_rank_layout, check_rank_layout_errors, check_step_time,
-        check_tensor_parallel_plan, check_tied_embedding_grads, plot_rank_layout,
+        check_tensor_parallel_plan, check_tied_embedding_grads, plot_rank_layout, check_checkpoint_state,
     )
     """)
 
@@ -644,7 +646,7 @@ def build() -> NotebookBuilder:
       elements at activation_bytes + 4 bytes (the loss's fp32 softmax).
     """)
     nb.solution_from("planner_memory", planner_mod, "stage_params", "memory_per_gpu")
-    nb.test("test_memory_per_gpu", 8, doc="Bytes per GPU of the worst stage equal hand-computed cases and ~88 / ~26 GB for Llama 3 405B.",
+    nb.test("test_memory_per_gpu", 6, doc="Bytes per GPU of the worst stage equal hand-computed cases and ~88 / ~26 GB for Llama 3 405B.",
             visible="""
     # A GPT-shaped toy: 4 layers, h 1024, ffn 4096 (GeLU), 16 heads, vocab 32768, tied. Layer params:
     # 2*1024^2 (q, o) + 2*1024*1024 (k, v) + 2*1024*4096 (MLP) + 2*1024 (norms) = 12,584,960; embedding 33,554,432.
@@ -734,7 +736,7 @@ def build() -> NotebookBuilder:
     - `total` = compute + bubble + tp + cp + pp + dp.
     """)
     nb.solution_from("planner_time", planner_mod, "step_time")
-    nb.test("test_step_time", 8, doc="Seconds per step (compute, bubble, each dimension's exposed traffic) equal hand-computed cases.",
+    nb.test("test_step_time", 6, doc="Seconds per step (compute, bubble, each dimension's exposed traffic) equal hand-computed cases.",
             visible="""
     # The toy of exercise 10 on one node of 8 H100 (989e12 FLOP/s, NVLink 450e9 B/s, 3e-6 s per message), MFU 0.4.
     toy = ModelConfig("toy", n_layers=4, hidden=1024, ffn=4096, n_heads=16, n_kv_heads=16, vocab=32768, swiglu=False,
@@ -925,6 +927,102 @@ def build() -> NotebookBuilder:
     for p in plans:
         print(p.describe())
     plot_plans(plans, hbm_bytes=big.node.hbm_bytes, title="Llama 3 405B, 16,384 H100, seq 8192, 2048 sequences per step")
+    """)
+
+    # -- to a cluster (not graded) -------------------------------------------------------
+    nb.markdown(f"""
+    ## Your code as a job: `torchrun`, two nodes, Slurm, a checkpoint (not graded)
+
+    On a cluster nobody forks ranks from a notebook: a launcher starts one
+    process per rank (`torchrun` on each node, or `srun`), and the job saves a
+    sharded checkpoint it can resume from, on another layout if need be. Your
+    exercises 1-9 are already that job, and exercise 13 below gives its
+    checkpoint keys that every layout shares. `composition_job` (the last cell
+    imports it) trains the small GPT with your functions on a PP × DP × TP
+    mesh, each step on its own batch, and can save and resume a checkpoint.
+
+    **In this notebook** `run_distributed(fn, world_size, ...)` forks
+    `world_size` processes and calls `fn(rank, world_size, ...)` in each.
+    **Under torchrun** the processes exist before your code runs: each one
+    reads `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR` and `MASTER_PORT`
+    from its environment and joins the process group with
+    `init_process_group(init_method="env://")`; the same `run_distributed` call
+    then runs `fn(RANK, WORLD_SIZE, ...)` in the process itself and gathers every
+    rank's result (`autograder/runtime/launch.py`). So the script is your cells:
+
+    ```bash
+    python -m autograder.runtime.launch export composition_lab.ipynb --out train_06.py   # save the notebook first
+    torchrun --standalone --nproc-per-node 8 train_06.py --pp 2 --dp 2 --tp 2 --steps 4
+    # two "nodes" on one machine: run each line in its own terminal (node 0 hosts the rendezvous)
+    torchrun --nnodes 2 --nproc-per-node 4 --node-rank 0 --rdzv-backend c10d --rdzv-endpoint localhost:29500 train_06.py
+    torchrun --nnodes 2 --nproc-per-node 4 --node-rank 1 --rdzv-backend c10d --rdzv-endpoint localhost:29500 train_06.py
+    # Slurm: each task is one rank (SLURM_PROCID -> RANK); or one torchrun per node under srun
+    MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -1) MASTER_PORT=29500 srun --ntasks 8 python train_06.py
+    # a checkpoint every 2 steps; one rank killed after step 3; torchrun restarts the job, which resumes from step 2
+    torchrun --standalone --nproc-per-node 4 --max-restarts 1 train_06.py --pp 1 --dp 2 --tp 2 --steps 6 \\
+        --checkpoint-dir ckpt --checkpoint-every 2 --simulate-failure 1:3
+    # resume the same checkpoint on another layout: PP 2 x TP 2 reads what DP 2 x TP 2 wrote
+    torchrun --standalone --nproc-per-node 4 train_06.py --pp 2 --dp 1 --tp 2 --steps 6 --checkpoint-dir ckpt
+    ```
+
+    Each prints `step N loss X`: the same numbers as the cell below, bit for
+    bit (the same ranks run the same operations in the same order; only the
+    launcher changed). What changes on a real cluster, what
+    `torch.distributed.checkpoint` does (the planner, the metadata, resharding on
+    load), `--backend nccl` (one GPU per rank, `cuda:LOCAL_RANK`), and what a
+    checkpoint costs per rank: [06_to_a_cluster.md]({LESSON}/06_to_a_cluster.md).
+    """)
+    nb.exercise(13, "`checkpoint_state`: your stage under keys every layout shares", """
+    `torch.distributed.checkpoint` (DCP) saves a dict `{flat key: tensor}`
+    from every rank: each rank writes the pieces of its DTensors (its shard),
+    and a piece offered by several ranks once; `dcp.load` fills the tensors of
+    such a dict **in place**, each rank reading the saved pieces that overlap
+    what it holds now, whatever layout wrote them. The one thing DCP cannot do
+    for you is name the tensors: a key must mean the same tensor on every layout.
+
+    `checkpoint_state(stage_module, optimizer)` returns this rank's dict:
+
+    - `model.<name>` → the parameter itself, for every parameter of the stage,
+      `<name>` its name in the whole model (`layers.2.attention.wq.weight`:
+      `split_model_for_pipeline` kept the global names);
+    - `optim.<name>.<key>` → the tensor itself, for every entry of that
+      parameter's optimizer state (AdamW: `step`, `exp_avg`, `exp_avg_sq`;
+      `optimizer.state[param]`);
+    - the last stage's copy of the tied head (`output.weight` on a stage
+      without `tok_embeddings`) under the embedding's name:
+      `model.tok_embeddings.weight` and `optim.tok_embeddings.weight.<key>`.
+      With one stage there is no other key for it (the head *is* the embedding).
+
+    Return the tensors themselves (never `.to_local()`, `.detach()` or a
+    copy): `dcp.load` writes into them. The test builds the stages of two
+    layouts (every parameter a DTensor, `Shard(0)` over DP and the TP plan's
+    placement), takes one AdamW step on the first, saves with your dict, loads
+    with your dict on the second (parameters and state zeroed first), and
+    compares every parameter and AdamW state with the first run's, both ways
+    between PP 2 × TP 2 and DP 2 × TP 2. Lesson: [06_to_a_cluster.md](../../assignments/06_composition/06_to_a_cluster.md) §4.
+    """)
+    nb.solution_from("checkpoint_state", checkpoint_mod, "checkpoint_state")
+    nb.test("test_checkpoint_state", 4, doc="Saved on one layout with your keys, loaded on another: every parameter and AdamW state restored.",
+            visible="""
+    check_checkpoint_state(checkpoint_state, save=dict(pp=2, dp=1, tp=2), load=dict(pp=1, dp=2, tp=2))
+    check_checkpoint_state(checkpoint_state, save=dict(pp=1, dp=2, tp=2), load=dict(pp=2, dp=1, tp=2))
+    """, hidden="""
+    check_checkpoint_state(checkpoint_state, save=dict(pp=4, dp=1, tp=1), load=dict(pp=1, dp=1, tp=2), seed=3)
+    check_checkpoint_state(checkpoint_state, save=dict(pp=1, dp=1, tp=1), load=dict(pp=2, dp=2, tp=1), seed=4)
+    """)
+    nb.markdown("""
+    ### The job
+
+    `composition_job` runs your exercises 1-9 (and 13 for a checkpoint) as
+    the job the commands above start; in this notebook its ranks are forked,
+    as every test's were.
+    """)
+    nb.given("job", """
+    from autograder.checks.composition import composition_job
+    """)
+    nb.code("""
+    # The job in this notebook (PP 2 x TP 2 on 4 forked ranks, 3 steps); torchrun prints the same losses.
+    result = composition_job(globals(), pp=2, dp=1, tp=2, steps=3)
     """)
     return nb
 

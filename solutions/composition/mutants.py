@@ -288,4 +288,26 @@ MUTANTS = [
         must_fail={"test_best_layouts"},
         why="candidates ranked by memory instead of step time",
     ),
+    # -- exercise 13: the checkpoint's keys ---------------------------------------------
+    mutant(
+        "ckpt_tied_copy_own_key", "checkpoint_state",
+        [('        if name == "output.weight" and stage_module.tok_embeddings is None:\n'
+          '            name = "tok_embeddings.weight"  # the head\'s copy of the tied embedding: one key for both\n', "")],
+        must_fail={"test_checkpoint_state"},
+        why="the last stage's head copy saved under its own name, model.output.weight: a checkpoint written "
+            "with one stage (where the head is the embedding) has no such key, and a pipeline cannot load it",
+    ),
+    mutant(
+        "ckpt_local_shards", "checkpoint_state",
+        [('        state[f"model.{name}"] = param\n', '        state[f"model.{name}"] = param.to_local()\n')],
+        must_fail={"test_checkpoint_state"},
+        why="each rank's local shard instead of the DTensor: DCP takes it for the whole tensor (every rank "
+            "writes a different 'whole' tensor under one key) and loads into a copy",
+    ),
+    mutant(
+        "ckpt_no_optimizer_state", "checkpoint_state",
+        [('            state[f"optim.{name}.{key}"] = value\n', '            pass\n')],
+        must_fail={"test_checkpoint_state"},
+        why="the model only: a resumed run restarts AdamW from zero moments and step 0 (other losses)",
+    ),
 ]

@@ -14,7 +14,9 @@ Exercise -> check (the module of this package that holds it); this package re-ex
     10 memory_per_gpu                   check_memory_per_gpu                             planner.py
     11 step_time                        check_step_time                                  planner.py
     12 plan, best_layouts               check_plan, check_best_layouts                   planner.py
+    13 checkpoint_state                 check_checkpoint_state                           checkpoint.py
        (picture, not graded)            plot_rank_layout                                 layout.py
+       (the job, not graded)            composition_job                                  job.py
 
     import autograder.checks.composition as checks
     checks.check_rank_layout(rank_layout, 16, tp=2, pp=4, expected={...})
@@ -49,9 +51,18 @@ from .planner import (
     check_memory_per_gpu, check_step_time, check_plan, check_best_layouts,
 )
 
+from .checkpoint import (
+    check_checkpoint_state,
+)
+
+from .job import (
+    composition_job, latest_checkpoint, JOB_ARGS,
+)
+
 __all__ = [
     "TOL", "check_rank_layout", "check_rank_layout_errors", "check_process_groups", "check_device_mesh",
     "check_local_batch", "plot_rank_layout", "check_tensor_parallel_plan", "check_dp_tp_training",
     "check_loss_averaging", "check_tied_embedding_grads", "check_clip_grad_norm", "check_pipeline_training",
     "PIPELINE_FUNCTIONS", "check_memory_per_gpu", "check_step_time", "check_plan", "check_best_layouts",
+    "check_checkpoint_state", "composition_job", "latest_checkpoint", "JOB_ARGS",
 ]

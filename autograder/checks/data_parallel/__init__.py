@@ -13,6 +13,7 @@ Exercise -> check (the module of this package that holds it); this package re-ex
        gather_full_params             check_fsdp_memory, check_fsdp_mixed_precision,
                                       check_gather_full_params
        (pictures, not graded)         plot_memory_ledger, ddp_timeline, plot_ddp_timeline  ddp_zero.py
+       (the job, not graded)          data_parallel_job                                    job.py
 
     from autograder.checks.data_parallel import check_all_reduce_gradients
     check_all_reduce_gradients(all_reduce_gradients, world_size=2)
@@ -33,6 +34,10 @@ from .fsdp import (
     check_fsdp_comm, check_fsdp_memory, check_fsdp_mixed_precision, check_gather_full_params,
 )
 
+from .job import (
+    data_parallel_job, STRATEGIES,
+)
+
 __all__ = [
     "ToyNet", "check_broadcast_module_states", "check_all_reduce_gradients", "check_ddp_broadcast",
     "check_ddp_gradients", "check_ddp_buckets", "check_ddp_no_sync", "check_zero_bytes_per_param",
@@ -41,4 +46,5 @@ __all__ = [
     "plot_memory_ledger", "ddp_timeline", "plot_ddp_timeline", "MixedPrecisionPolicy", "RMSNorm", "Block",
     "TinyTransformer", "LinearStack", "MP_TOLERANCE", "fsdp_units", "check_fsdp_numerics", "check_fsdp_comm",
     "check_fsdp_memory", "check_fsdp_mixed_precision", "check_gather_full_params",
+    "data_parallel_job", "STRATEGIES",
 ]

@@ -17,6 +17,7 @@ Exercise -> check (the module of this package that holds it); this package re-ex
        (given, pictures, not graded)    TaggedStage, show_schedules,                     executor.py,
                                         plot_pipeline_timelines, plot_zb_timelines,      schedules.py,
                                         torch_schedule_fn                                zero_bubble.py
+       (the job, not graded)            pipeline_job                                     job.py
 
     from autograder.checks.pipeline_parallel import check_one_f_one_b_schedule, check_run_pipeline
     check_one_f_one_b_schedule(one_f_one_b_schedule)
@@ -42,6 +43,10 @@ from .zero_bubble import (
     check_pipeline_zb_memory, record_zb_timeline, plot_zb_timelines,
 )
 
+from .job import (
+    pipeline_job, SCHEDULES,
+)
+
 __all__ = [
     "simulate_schedules", "show_schedules", "format_actions", "in_flight_peak", "pending_peak", "stage_of", "owner_of",
     "check_gpipe_schedule", "check_one_f_one_b_schedule", "check_interleaved_schedule", "check_bubble_fraction",
@@ -50,4 +55,5 @@ __all__ = [
     "check_split_backward_memory", "torch_schedule", "torch_schedule_fn", "check_zb_h1_schedule",
     "check_dualpipev_schedule", "check_run_pipeline_zb", "check_pipeline_zb_memory", "record_zb_timeline",
     "plot_zb_timelines",
+    "pipeline_job", "SCHEDULES",
 ]

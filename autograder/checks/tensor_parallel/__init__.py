@@ -12,6 +12,7 @@ Exercise -> check (the module of this package that holds it); this package re-ex
     6    LinearWithAsyncAllReduce       check_async_allreduce_gradients,                   layers.py
                                         check_async_allreduce_overlap
          (picture, not graded)          plot_pair_communication                            layers.py
+         (the job, not graded)          tensor_parallel_job                                job.py
 
     import autograder.checks.tensor_parallel as checks
     checks.check_mapping(copy_to_tensor_model_parallel_region, "copy_to_tensor_model_parallel_region", world_size=2)
@@ -39,9 +40,14 @@ from .loss import (
     check_vocab_parallel_cross_entropy,
 )
 
+from .job import (
+    tensor_parallel_job, NEEDS,
+)
+
 __all__ = [
     "MAPPINGS", "check_mapping", "check_column_parallel_linear", "check_row_parallel_linear", "check_argument_errors",
     "check_tp_pair_communication", "check_parallel_mlp", "check_sequence_parallel_grads",
     "check_async_allreduce_gradients", "check_async_allreduce_overlap", "plot_pair_communication",
     "check_vocab_parallel_cross_entropy",
+    "tensor_parallel_job", "NEEDS",
 ]
