@@ -130,6 +130,8 @@ def test_a_check_that_does_not_succeed_is_given_back_and_its_pool_rebuilt(pool, 
     before = pool.run(_request(_pids, 2), 2, {})
     assert before is not None
     assert pool.run(_request(fn, 2, timeout=4.0), 2, {"timeout": 4.0}) is None
+    if fn is _raises:  # the reason given names the rank and quotes its log (the traceback)
+        assert "rank 1" in pool.gave_up and "ValueError: rank 1 fails" in pool.gave_up, pool.gave_up
     assert pool._pools == {}, "a pool that failed a check is kept"
     for pid in before:
         with pytest.raises(ChildProcessError):

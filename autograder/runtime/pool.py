@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import faulthandler
+import io
 import json
 import os
 import pickle
@@ -88,6 +90,12 @@ class _Pool:
                         with contextlib.suppress(OSError):
                             os.close(fd)
                     serve(rank, world_size, self.dir, r_in, w_out)
+                except BaseException:  # noqa: BLE001 - said in the rank's log (the pool's reason for giving up)
+                    import traceback
+
+                    with contextlib.suppress(Exception):
+                        traceback.print_exc()
+                        sys.stderr.flush()
                 finally:
                     os._exit(70)
             os.close(r_in)
@@ -233,7 +241,15 @@ class RankPool:
             for fd in ready:
                 data = os.read(fd, 64)
                 if data != b"ok\n":  # a failure, a crash (end of file) or anything unexpected
-                    return self._give_up(f"rank {pending[fd]} failed" if data else f"rank {pending[fd]} ended")
+                    rank = pending[fd]
+                    try:
+                        with open(os.path.join(pool.dir, f"rank{rank}.log"), "rb") as f:
+                            f.seek(0, os.SEEK_END)
+                            f.seek(max(0, f.tell() - 1500))
+                            tail = f.read().decode("utf-8", "replace")
+                    except OSError:
+                        tail = ""
+                    return self._give_up(f"rank {rank} {'failed' if data else 'ended'}: {tail}")
                 del pending[fd]
             if not pending:
                 break
@@ -261,9 +277,13 @@ class RankPool:
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
+        # what the rank's Python prints goes there too (in the zygote, sys.stdout is the zygote's capped log)
+        sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", buffering=0), write_through=True)
+        sys.stderr = io.TextIOWrapper(os.fdopen(2, "wb", buffering=0), write_through=True)
         _set_parent_death_signal()
         with contextlib.suppress(OSError):
             os.setpgid(0, 0)
+        faulthandler.enable(file=sys.stderr, all_threads=True)  # a crash's stack, in the pool's reason
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         import torch
         import torch.distributed as dist
