@@ -78,31 +78,40 @@ class _Pool:
         self.to: list[int] = []
         self.back: list[int] = []
         self.jobs = 0
-        for rank in range(world_size):
-            r_in, w_in = os.pipe()
-            r_out, w_out = os.pipe()
-            pid = os.fork()
-            if pid == 0:  # the rank: never returns
-                try:
-                    os.close(w_in)
-                    os.close(r_out)
-                    for fd in self.to + self.back + inherited:  # the other ranks' pipes, of every pool
-                        with contextlib.suppress(OSError):
-                            os.close(fd)
-                    serve(rank, world_size, self.dir, r_in, w_out)
-                except BaseException:  # noqa: BLE001 - said in the rank's log (the pool's reason for giving up)
-                    import traceback
+        try:
+            for rank in range(world_size):
+                self._fork(rank, serve, inherited)
+        except BaseException:
+            self.close()  # the ranks already made: none left waiting for the others
+            raise
 
-                    with contextlib.suppress(Exception):
-                        traceback.print_exc()
-                        sys.stderr.flush()
-                finally:
-                    os._exit(70)
-            os.close(r_in)
-            os.close(w_out)
-            self.pids.append(pid)
-            self.to.append(w_in)
-            self.back.append(r_out)
+    def _fork(self, rank: int, serve, inherited: list[int]) -> None:
+        """Fork rank `rank`: in the child, close every other rank's pipes and serve; never return there."""
+        world_size = self.world_size
+        r_in, w_in = os.pipe()
+        r_out, w_out = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the rank: never returns
+            try:
+                os.close(w_in)
+                os.close(r_out)
+                for fd in self.to + self.back + inherited:  # the other ranks' pipes, of every pool
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+                serve(rank, world_size, self.dir, r_in, w_out)
+            except BaseException:  # noqa: BLE001 - said in the rank's log (the pool's reason for giving up)
+                import traceback
+
+                with contextlib.suppress(Exception):
+                    traceback.print_exc()
+                    sys.stderr.flush()
+            finally:
+                os._exit(70)
+        os.close(r_in)
+        os.close(w_out)
+        self.pids.append(pid)
+        self.to.append(w_in)
+        self.back.append(r_out)
 
     def close(self) -> None:
         for pid in self.pids:
