@@ -374,6 +374,17 @@ def _written_bytes(path: str) -> dict[str, int]:
     return per_file
 
 
+def _unique_stage_params(model, layout) -> list[int]:
+    """What each pipeline stage writes to a checkpoint: exercise 10's reference count (per GPU, so x tp), the last
+    stage's copy of a tied head left out (DCP writes the embedding's piece once). From solutions/: instructor only."""
+    from solutions.composition.planner import stage_params
+
+    per = [round(stage_params(model, layout, s) * layout.tp) for s in range(layout.pp)]
+    if model.tied_embeddings and layout.pp > 1:
+        per[-1] -= model.embedding_params()
+    return per
+
+
 @pytest.mark.parametrize("layout", [dict(pp=1, dp=2, tp=2), dict(pp=2, dp=1, tp=2)], ids=["dp2-tp2", "pp2-tp2"])
 def test_the_lessons_checkpoint_bytes_are_what_dcp_writes_for_the_capstone(job, tmp_path, layout):
     """autograder/lessons/checkpoint.py against the capstone's real checkpoint: float64 weights (8 B) and AdamW's two
@@ -386,7 +397,8 @@ def test_the_lessons_checkpoint_bytes_are_what_dcp_writes_for_the_capstone(job, 
     ckpt = str(tmp_path / "ckpt")
     namespace["composition_job"](namespace, steps=1, checkpoint_dir=ckpt, checkpoint_every=1, **layout)
     written = _written_bytes(os.path.join(ckpt, "step_1"))
-    want = checkpoint_bytes(CAPSTONE, Layout(**layout), param_bytes=8, optim_bytes=16)
+    want = checkpoint_bytes(CAPSTONE, Layout(**layout), _unique_stage_params(CAPSTONE, Layout(**layout)),
+                            param_bytes=8, optim_bytes=16)
     assert sum(written.values()) == want["total"], (f"{layout}: the checkpoint holds {sum(written.values())} tensor "
                                                     f"bytes, the lesson's formula says {want['total']}")
     assert len(written) == 4, f"{layout}: {len(written)} ranks wrote, expected 4: {written}"
@@ -401,8 +413,10 @@ def test_the_lessons_checkpoint_numbers_are_the_codes():
     from autograder.lessons.checkpoint import CAPSTONE, checkpoint_bytes
     from autograder.lessons.planner import LLAMA3_70B, Layout
 
-    capstone = checkpoint_bytes(CAPSTONE, Layout(tp=2, dp=2), param_bytes=8, optim_bytes=16)
-    llama = checkpoint_bytes(LLAMA3_70B, Layout(tp=8, pp=4, dp=32))
+    capstone = checkpoint_bytes(CAPSTONE, Layout(tp=2, dp=2), _unique_stage_params(CAPSTONE, Layout(tp=2, dp=2)),
+                                param_bytes=8, optim_bytes=16)
+    llama_layout = Layout(tp=8, pp=4, dp=32)
+    llama = checkpoint_bytes(LLAMA3_70B, llama_layout, _unique_stage_params(LLAMA3_70B, llama_layout))
     assert llama["stage"] == 3, "the lesson says the fullest stage is the last"
     expected = [f"{CAPSTONE.num_params():,}",
                 f"{capstone['total']:,}", f"{capstone['per_rank']:,.0f}", f"{LLAMA3_70B.num_params() / 1e9:.2f}",

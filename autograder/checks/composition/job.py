@@ -37,13 +37,12 @@ import signal
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
-from autograder.lessons.tinygpt import ModelArgs, TinyGPT, master_state
+from autograder.lessons.tinygpt import ModelArgs, master_state
 
 from .common import LR, _batch, _full, _rank_logging_to_log_file, _student
-from .train import PIPELINE_FUNCTIONS, _embedding_group
+from .train import PIPELINE_FUNCTIONS, _student_stage
 
 __all__ = ["composition_job", "latest_checkpoint", "JOB_ARGS"]
 
@@ -78,17 +77,8 @@ def latest_checkpoint(checkpoint_dir: str) -> tuple[int, str] | None:
 def _job_rank(rank, world_size, fns, pp, dp, tp, args, state, batches, microbatches, max_norm, checkpoint_dir,
               checkpoint_every, failure, live):
     _rank_logging_to_log_file()
-    mesh = init_device_mesh("cpu", (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
-    pp_group = mesh["pp"].get_group()
-    embedding_group = _embedding_group(mesh, rank, pp)
-    model = TinyGPT(args).double()
-    model.load_state_dict(state)
-    stage = _student(fns["split_model_for_pipeline"], model, pp_rank=pp_group.rank(), pp_size=pp,
-                     what="split_model_for_pipeline")
-    stage = _student(fns["apply_tensor_parallel"], stage, mesh["tp"], what="apply_tensor_parallel") or stage
-    stage = _student(fns["apply_fsdp"], stage, mesh["dp"], reshard_after_forward=False, what="apply_fsdp") or stage
-    schedule = _student(fns["build_schedule"], stage, pp_group=pp_group, n_microbatches=microbatches,
-                        loss_fn=fns["pipeline_loss_fn"], what="build_schedule")
+    mesh, pp_group, embedding_group, stage, schedule = _student_stage(rank, fns, pp, dp, tp, args, state,
+                                                                      microbatches)
     opt = torch.optim.AdamW(stage.parameters(), lr=LR)
     reporter = (pp_group.rank() == pp - 1 and mesh["dp"].get_local_rank() == 0 and mesh["tp"].get_local_rank() == 0)
     start, resumed = 0, None

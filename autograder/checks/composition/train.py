@@ -513,8 +513,9 @@ def check_clip_grad_norm(clip_grad_norm_, *, pp: int = 2, dp: int = 2, tp: int =
 # Exercise 9: PP x DP x TP training
 # ---------------------------------------------------------------------------
 
-def _pp_rank(rank, world_size, fns, pp, dp, tp, args, state, tokens, labels, microbatches, steps, max_norm):
-    _rank_logging_to_log_file()
+def _student_stage(rank, fns, pp, dp, tp, args, state, microbatches):
+    """This rank's part of the model as the student's exercises build it on a `(pp, dp, tp)` mesh: their stage,
+    then TP, then FSDP, then their schedule. (mesh, pp_group, embedding_group, stage, schedule)."""
     mesh = init_device_mesh("cpu", (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
     pp_group = mesh["pp"].get_group()
     embedding_group = _embedding_group(mesh, rank, pp)
@@ -526,6 +527,13 @@ def _pp_rank(rank, world_size, fns, pp, dp, tp, args, state, tokens, labels, mic
     stage = _student(fns["apply_fsdp"], stage, mesh["dp"], reshard_after_forward=False, what="apply_fsdp") or stage
     schedule = _student(fns["build_schedule"], stage, pp_group=pp_group, n_microbatches=microbatches,
                         loss_fn=fns["pipeline_loss_fn"], what="build_schedule")
+    return mesh, pp_group, embedding_group, stage, schedule
+
+
+def _pp_rank(rank, world_size, fns, pp, dp, tp, args, state, tokens, labels, microbatches, steps, max_norm):
+    _rank_logging_to_log_file()
+    mesh, pp_group, embedding_group, stage, schedule = _student_stage(rank, fns, pp, dp, tp, args, state,
+                                                                      microbatches)
     batch = _student(fns["local_batch"], tokens, labels, mesh=mesh, what="local_batch")
     opt = torch.optim.AdamW(stage.parameters(), lr=LR)
     losses = []
