@@ -161,7 +161,8 @@ ALWAYS = {("02_tensor_parallel", "sp_grads_none_not_skipped"), ("05_expert_paral
 
 
 def _mutants():
-    """(assignment, mutant) of every kept mutant: those in ALWAYS in `make test`, the others with COURSE_EXHAUSTIVE=1."""
+    """(assignment, mutant) of every kept mutant: those in ALWAYS in `make test`, the others with
+    COURSE_EXHAUSTIVE=1."""
     return [pytest.param(a, m, id=f"{a[:2]}-{m.name}", marks=() if (a, m.name) in ALWAYS else pytest.mark.exhaustive)
             for a in assignments() for m in submissions.mutants_of(a)]
 

@@ -299,7 +299,8 @@ _WATCHED = ("builtins", "os", "posix", "io", "json", "json.decoder", "json.encod
 # set-up cell, are baselined when first seen: after the cell that imported them)
 _RUNTIME = ("autograder.runtime", "autograder.runtime.dist", "autograder.runtime.ledger", "autograder.runtime.report",
             "autograder.runtime.compare", "autograder.runtime.agreement", "autograder.runtime.plaindata",
-            "autograder.runtime.gpu", "autograder.runtime.pool", "autograder.grading.trusted", "autograder.grading.redact")
+            "autograder.runtime.gpu", "autograder.runtime.pool", "autograder.grading.trusted",
+            "autograder.grading.redact")
 
 
 def _watched(name: str) -> bool:

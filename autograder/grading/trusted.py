@@ -416,6 +416,7 @@ def _serve(requests: int, reply: int, namespace: dict, tools: dict) -> None:
 
     def _to_bytes(value):
         return tools["to_bytes"](value, tools["save"])
+
     while True:
         try:
             req, payload = read_frame(requests, max_blob=1 << 40)

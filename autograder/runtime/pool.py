@@ -26,8 +26,9 @@ so the pool may give up early and on the clock.
 
 Between checks each rank puts back what a check may have changed and the
 fresh runner would not carry over: the random generators (torch's and
-NumPy's as the zygote has them now, Python's reseeded as a fork does), torch's default dtype, grad mode and thread count, the working
-directory, and every process group but the default one. Python objects that
+NumPy's as the zygote has them now, Python's reseeded as a fork does),
+torch's default dtype, grad mode and thread count, the working directory,
+and every process group but the default one. Python objects that
 a check's rank program changes in place (a module-level cache in the
 student's code) do persist into the next check run by the same pool; the
 grader's verdicts on the kept mutants and references are checked to be the
