@@ -50,15 +50,22 @@ def env(root: str) -> dict:
             "PATH": VENV_BIN + os.pathsep + os.environ.get("PATH", "")}
 
 
-def notebook_name(root: str) -> str:
-    return next(n for n in os.listdir(os.path.join(root, "release", A)) if n.endswith(".ipynb"))
+def notebook_name(root: str, assignment: str = A) -> str:
+    return next(n for n in os.listdir(os.path.join(root, "release", assignment)) if n.endswith(".ipynb"))
 
 
-def make_mini_course(dest, keep=KEEP) -> str:
-    """A scratch course whose assignment A keeps the graded cells `keep` (and every given and answer cell)."""
+def make_mini_course(dest, keep=KEEP, also: dict[str, tuple[str, ...]] | None = None) -> str:
+    """A scratch course whose assignment A keeps the graded cells `keep` (and every given and answer cell);
+    `also`: other assignments cut down the same way, assignment -> the graded cells it keeps."""
     root = str(dest)
     copy_course(root)
-    src_path = os.path.join(root, "source", A, notebook_name(root))
+    for assignment, cells in {A: keep, **(also or {})}.items():
+        _cut(root, assignment, cells)
+    return root
+
+
+def _cut(root: str, assignment: str, keep) -> None:
+    src_path = os.path.join(root, "source", assignment, notebook_name(root, assignment))
     nb = nbformat.read(src_path, as_version=4)
     cells = []
     for cell in nb.cells:
@@ -72,23 +79,22 @@ def make_mini_course(dest, keep=KEEP) -> str:
             cells.append(cell)
     nb.cells = cells
     nbformat.write(nb, src_path)
-    proc = subprocess.run([os.path.join(VENV_BIN, "nbgrader"), "generate_assignment", A, "--force",
+    proc = subprocess.run([os.path.join(VENV_BIN, "nbgrader"), "generate_assignment", assignment, "--force",
                            "--log-level=ERROR"], cwd=root, env=env(root), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return root
 
 
-def release(root: str) -> dict:
-    with open(os.path.join(root, "release", A, notebook_name(root)), encoding="utf-8") as f:
+def release(root: str, assignment: str = A) -> dict:
+    with open(os.path.join(root, "release", assignment, notebook_name(root, assignment)), encoding="utf-8") as f:
         return json.load(f)
 
 
-def reference(root: str) -> dict:
+def reference(root: str, assignment: str = A) -> dict:
     """The release notebook with every answer cell filled in from the source, as a student would have it."""
-    with open(os.path.join(root, "source", A, notebook_name(root)), encoding="utf-8") as f:
+    with open(os.path.join(root, "source", assignment, notebook_name(root, assignment)), encoding="utf-8") as f:
         source = json.load(f)
     answers = {_meta(c)["grade_id"]: _text(c) for c in source["cells"] if _meta(c).get("solution")}
-    nb = release(root)
+    nb = release(root, assignment)
     for cell in nb["cells"]:
         if _meta(cell).get("solution"):
             cell["source"] = _MARKERS.sub("", answers[_meta(cell)["grade_id"]])
@@ -109,10 +115,10 @@ def edit(nb: dict, grade_id: str, fn) -> dict:
     raise KeyError(grade_id)
 
 
-def write_submission(root: str, student: str, nb, *, name: str | None = None) -> str:
-    folder = os.path.join(root, "submitted", student, A)
+def write_submission(root: str, student: str, nb, *, name: str | None = None, assignment: str = A) -> str:
+    folder = os.path.join(root, "submitted", student, assignment)
     os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, name or notebook_name(root))
+    path = os.path.join(folder, name or notebook_name(root, assignment))
     with open(path, "w", encoding="utf-8") as f:
         if isinstance(nb, (dict, list)):
             json.dump(nb, f)
@@ -126,9 +132,9 @@ def run_grade(root: str, *args: str, timeout: float = 1800, preexec_fn=None) -> 
                           capture_output=True, text=True, timeout=timeout, preexec_fn=preexec_fn)
 
 
-def records(root: str) -> dict[str, dict]:
+def records(root: str, assignment: str = A) -> dict[str, dict]:
     """The students' records, graded/<assignment>/<student>.json (the shard files are in its shards/)."""
-    folder = os.path.join(root, "graded", A)
+    folder = os.path.join(root, "graded", assignment)
     out = {}
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
         if name.endswith(".json"):
@@ -139,7 +145,7 @@ def records(root: str) -> dict[str, dict]:
     return out
 
 
-def gradebook(root: str) -> dict[str, dict[str, float]]:
+def gradebook(root: str, assignment: str = A) -> dict[str, dict[str, float]]:
     """student -> {cell: score} from nbgrader's gradebook."""
     import warnings
 
@@ -149,7 +155,7 @@ def gradebook(root: str) -> dict[str, dict[str, float]]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with Gradebook("sqlite:///" + os.path.join(root, "gradebook.db")) as gb:
-            for sub in gb.assignment_submissions(A):
+            for sub in gb.assignment_submissions(assignment):
                 out[sub.student.id] = {g.name: float(g.score) for nb in sub.notebooks for g in nb.grades}
     return out
 

@@ -713,6 +713,39 @@ def test_a_cell_whose_saved_output_disagrees_with_the_trusted_verdict_is_flagged
                 os.remove(os.path.join(course, "graded", A, f"{s}.json"))
 
 
+def test_the_assignments_of_one_command_share_one_queue(tmp_path):
+    """`autograde 01 02 --jobs 2`: every assignment's submissions go to the same two workers, so a class of
+    one submission per assignment keeps both busy (graded one assignment after another, one worker idled
+    while the other graded the last submission of each). The records, the gradebook and the table are per
+    assignment as before; a submission of one assignment and one of the other are graded at the same time."""
+    import datetime
+
+    dp = "01_data_parallel"
+    root = make_mini_course(tmp_path / "course", also={dp: ("test_all_reduce_gradients",)})
+    write_submission(root, "alice", reference(root))
+    write_submission(root, "alice", reference(root, dp), assignment=dp)
+    write_submission(root, "bob", release(root, dp), assignment=dp)
+    proc = run_grade(root, "autograde", dp, A, "--jobs", "2", "--quiet")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    table = " ".join(proc.stdout.split())
+    assert f"{dp}: 2 submission(s), 2 graded" in table and f"{A}: 1 submission(s), 1 graded" in table, table
+    assert "2 assignments graded in" in table and "(their submissions in one queue)" in table, table
+    tp, ddp = records(root), records(root, dp)
+    assert {s: r["score"] for s, r in tp.items()} == {"alice": 12.0}, tp
+    assert {s: r["score"] for s, r in ddp.items()} == {"alice": 6.0, "bob": 0.0}, ddp
+    assert gradebook(root) == {"alice": {"test_copy_to_region": 6.0, "test_reduce_from_region": 6.0}}
+    assert gradebook(root, dp) == {"alice": {"test_all_reduce_gradients": 6.0},
+                                   "bob": {"test_all_reduce_gradients": 0.0}}
+
+    def span(rec):
+        start = datetime.datetime.fromisoformat(rec["graded_at"]).timestamp()
+        return start, start + rec["timings"]["total"]
+
+    (s2, e2), spans = span(tp["alice"]), [span(r) for r in ddp.values()]
+    assert any(s1 < e2 and s2 < e1 for s1, e1 in spans), (
+        f"{A}'s submission ({s2:.1f}-{e2:.1f}) was graded alone, not beside one of {dp}'s: {spans}")
+
+
 def test_an_undecided_check_is_graded_again_alone_then_needs_regrade_never_a_zero(tmp_path):
     """A check that neither finishes, fails, uses its CPU budget nor shows a deadlock before the runner's
     wall-clock backstop (here a student function idle in `time.sleep`, with the backstop cut to 2 s as a

@@ -54,7 +54,7 @@ import time
 import traceback
 import warnings
 
-__all__ = ["grade_class", "merge_results", "course_lock", "read_results", "result_path", "ClassRunError",
+__all__ = ["grade_class", "grade_classes", "merge_results", "course_lock", "read_results", "result_path", "ClassRunError",
            "submissions", "shard_of", "shard_path", "backup_gradebook", "grader_fingerprint", "write_gradebook",
            "no_sandbox_message", "gradebook_holds", "ensure_gradebook"]
 
@@ -587,13 +587,84 @@ def grade_class(root: str, assignment: str, *, jobs: int | None = None, shard: t
     `second_backend` ("nccl" on a GPU grading node): every test cell runs again with its checks on that
     backend, a note per cell (table, feedback, results.json), no points.
     """
-    from autograder.grading.intake import check_submission, shown_name
+    return grade_classes(root, [assignment], jobs=jobs, shard=shard, force=force, isolate=isolate,
+                         memory_bytes=memory_bytes, max_pids=max_pids, budget=budget, progress=progress,
+                         students=students, out=out, log=log, second_backend=second_backend)[assignment]
+
+
+def grade_classes(root: str, assignments: list[str], *, jobs: int | None = None,
+                  shard: tuple[int, int] | None = None, force: bool = False, isolate: bool = True,
+                  memory_bytes: int = 4 * 2**30, max_pids: int = 512, budget: float = 600.0, progress: bool = True,
+                  students: list[str] | None = None, out: str | None = None, log=print,
+                  second_backend: str | None = None) -> dict[str, list[dict]]:
+    """`grade_class` for several assignments at once: every submission of every assignment in one queue for
+    the workers, the longest first, so a worker is never idle while another assignment waits (a class of a
+    few submissions per assignment kept one of two workers idle half the time when the assignments were
+    graded one after another). assignment -> its records, as `grade_class` returns them."""
     from autograder.grading.sandbox import sandbox_status
 
     if isolate:
         ok, why = sandbox_status()
         if not ok:
             raise ClassRunError(no_sandbox_message(why))
+    # scratch space for each submission's runs: AUTOGRADER_WORKDIR (a large, fast disk), else the temp folder
+    scratch = os.environ.get("AUTOGRADER_WORKDIR") or None
+    if scratch:
+        os.makedirs(scratch, exist_ok=True)
+    options = {"isolate": isolate, "memory_bytes": memory_bytes, "max_pids": max_pids, "budget": budget,
+               "second_backend": second_backend}
+    plans, workbases = {}, []
+    try:
+        for a in assignments:
+            workbases.append(tempfile.mkdtemp(prefix=f"autograder-{a}-", dir=scratch))
+            plans[a] = _plan(root, a, workbases[-1], students=students, shard=shard, force=force, **options)
+        todo = _longest_first([job for plan in plans.values() for job in plan["todo"]], root)
+        if todo:
+            saved = set()  # each record is saved as soon as it is done (not in shard runs: their file is last)
+
+            def on_done(rec):
+                if _save_record(root, rec):
+                    saved.add(_key(rec))
+            workers = jobs or os.cpu_count() or 1
+            done = _run_jobs(todo, workers, progress, log, None if shard is not None else on_done)
+            # a check the machine was too busy to decide is never a verdict: those submissions are graded again,
+            # alone (one worker: the machine less loaded by this run); what is still undecided is recorded as
+            # "needs regrade" (no points, flagged in the gradebook) and graded again by the next run
+            undecided = {_key(r) for r in done if r.get("needs_regrade")}
+            again = [job for job in todo if _key(job) in undecided]
+            if again:
+                log(f"{', '.join(sorted({j['assignment'] for j in again}))}: {len(again)} submission(s) had "
+                    f"checks the machine was too busy to decide; grading them again, one at a time")
+                retried = {_key(r): r for r in _run_jobs(again, 1, False, log,
+                                                          None if shard is not None else on_done)}
+                done = [retried.get(_key(r), r) for r in done]
+            for r in done:
+                plans[r["assignment"]]["records"].append(dict(r, _saved=True) if _key(r) in saved else r)
+        from autograder.grading.intake import shown_name
+
+        result = {}
+        for a, plan in plans.items():
+            for rec in plan["records"]:
+                if rec.get("status") in ("rejected", "error") and not rec.get("unchanged"):
+                    log(f"  \u2717 {shown_name(rec['student'])}: {rec['reason']}")
+            _save(root, a, plan["records"], shard, out)
+            result[a] = sorted(plan["records"], key=lambda r: r["student"])
+        return result
+    finally:
+        for w in workbases:
+            shutil.rmtree(w, ignore_errors=True)
+
+
+def _key(job_or_record: dict) -> tuple[str, str]:
+    return job_or_record["assignment"], job_or_record["student"]
+
+
+def _plan(root: str, assignment: str, workbase: str, *, students, shard, force, isolate, memory_bytes, max_pids,
+          budget, second_backend) -> dict:
+    """One assignment's intake: {"records": the rejected and unchanged submissions' records, "todo": the jobs
+    to grade}. Each student's notebook is written under `workbase` for their worker."""
+    from autograder.grading.intake import check_submission
+
     with open(source_notebook(root, assignment), encoding="utf-8") as f:
         source = json.load(f)
     rel_path = release_notebook(root, assignment)
@@ -610,83 +681,63 @@ def grade_class(root: str, assignment: str, *, jobs: int | None = None, shard: t
     fp = grader_fingerprint(root, assignment)
     everyone = students if students is not None else submissions(root, assignment)
     if shard is not None:
-        index, count = shard
-        everyone = shard_of(everyone, index, count)
+        everyone = shard_of(everyone, *shard)
     previous = read_results(root, assignment)
-    # scratch space for each submission's runs: AUTOGRADER_WORKDIR (a large, fast disk), else the temp folder
-    scratch = os.environ.get("AUTOGRADER_WORKDIR") or None
-    if scratch:
-        os.makedirs(scratch, exist_ok=True)
-    workbase = tempfile.mkdtemp(prefix=f"autograder-{assignment}-", dir=scratch)
     records, todo = [], []
-    try:
-        for student in everyone:
-            try:  # every step of one student here (intake, the paths named by them, the work file): theirs alone
-                try:
-                    intake = check_submission(os.path.join(root, "submitted", student, assignment), release, nb_name,
-                                              others, student=student)
-                except Exception as exc:  # noqa: BLE001 - one student's file never stops the class
-                    from autograder.grading.intake import Intake
+    for student in everyone:
+        try:  # every step of one student here (intake, the paths named by them, the work file): theirs alone
+            try:
+                intake = check_submission(os.path.join(root, "submitted", student, assignment), release, nb_name,
+                                          others, student=student)
+            except Exception as exc:  # noqa: BLE001 - one student's file never stops the class
+                from autograder.grading.intake import Intake
 
-                    intake = Intake(student=student, reason=f"the grader could not read this submission "
-                                                            f"({type(exc).__name__}: {str(exc)[:300]})")
-                if intake.notebook is None:
-                    h = hashlib.sha256(intake.reason.encode()).hexdigest()[:16]
-                    records.append(_rejected(assignment, student, intake.reason, intake.warnings, h, fp, max_score,
-                                             cells, intake.submitted_at))
-                    continue
-                text = json.dumps(intake.notebook, sort_keys=True)
-                h = hashlib.sha256(text.encode()).hexdigest()[:16]
-                old = previous.get(student)
-                if not force and still_valid(old, h, fp, second_backend):
-                    old = dict(old, unchanged=True)
-                    records.append(old)
-                    continue
-                path = os.path.join(_ensure(os.path.join(workbase, "notebooks")), f"{student}.ipynb")
-                with open(path, "w", encoding="utf-8") as f:
-                    f.write(text)
-                todo.append({"root": root, "assignment": assignment, "student": student, "notebook": path,
-                             "notebook_name": nb_name, "hash": h, "fingerprint": fp, "warnings": intake.warnings,
-                             "max_score": max_score, "cells": cells, "workbase": workbase, "isolate": isolate,
-                             "memory_bytes": memory_bytes, "max_pids": max_pids, "budget": budget,
-                             "saw": intake.saw, "submitted_at": intake.submitted_at,
-                             "second_backend": second_backend})
-            except Exception as exc:  # noqa: BLE001 - one student's submission never stops the class
-                rec = _rejected(assignment, student, f"the grader failed taking in this submission "
-                                f"({type(exc).__name__}: {str(exc)[:300]})", [], "", fp, max_score, cells)
-                records.append(dict(rec, status="error"))
-        if todo:
-            template = _cached_template(root, assignment, fp)
-            for job in todo:
-                job["template"] = template
-            # each record is saved as soon as it is done (not in shard runs: their file is written at the end)
-            saved = set()
+                intake = Intake(student=student, reason=f"the grader could not read this submission "
+                                                        f"({type(exc).__name__}: {str(exc)[:300]})")
+            if intake.notebook is None:
+                h = hashlib.sha256(intake.reason.encode()).hexdigest()[:16]
+                records.append(_rejected(assignment, student, intake.reason, intake.warnings, h, fp, max_score,
+                                         cells, intake.submitted_at))
+                continue
+            text = json.dumps(intake.notebook, sort_keys=True)
+            h = hashlib.sha256(text.encode()).hexdigest()[:16]
+            old = previous.get(student)
+            if not force and still_valid(old, h, fp, second_backend):
+                records.append(dict(old, unchanged=True))
+                continue
+            path = os.path.join(_ensure(os.path.join(workbase, "notebooks")), f"{student}.ipynb")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+            todo.append({"root": root, "assignment": assignment, "student": student, "notebook": path,
+                         "notebook_name": nb_name, "hash": h, "fingerprint": fp, "warnings": intake.warnings,
+                         "max_score": max_score, "cells": cells, "workbase": workbase, "isolate": isolate,
+                         "memory_bytes": memory_bytes, "max_pids": max_pids, "budget": budget,
+                         "saw": intake.saw, "submitted_at": intake.submitted_at,
+                         "second_backend": second_backend})
+        except Exception as exc:  # noqa: BLE001 - one student's submission never stops the class
+            rec = _rejected(assignment, student, f"the grader failed taking in this submission "
+                            f"({type(exc).__name__}: {str(exc)[:300]})", [], "", fp, max_score, cells)
+            records.append(dict(rec, status="error"))
+    if todo:
+        template = _cached_template(root, assignment, fp)
+        for job in todo:
+            job["template"] = template
+    return {"records": records, "todo": todo}
 
-            def on_done(rec):
-                if _save_record(root, rec):
-                    saved.add(rec["student"])
-            workers = jobs or os.cpu_count() or 1
-            done = _run_jobs(todo, workers, progress, log, None if shard is not None else on_done)
-            # a check the machine was too busy to decide is never a verdict: those submissions are graded again,
-            # alone (one worker: the machine less loaded by this run); what is still undecided is recorded as
-            # "needs regrade" (no points, flagged in the gradebook) and graded again by the next run
-            again = [job for job in todo if any(r["student"] == job["student"] and r.get("needs_regrade")
-                                                for r in done)]
-            if again:
-                log(f"{assignment}: {len(again)} submission(s) had checks the machine was too busy to decide; "
-                    f"grading them again, one at a time")
-                retried = {r["student"]: r for r in _run_jobs(again, 1, False, log,
-                                                              None if shard is not None else on_done)}
-                done = [retried.get(r["student"], r) for r in done]
-            records += done
-            records = [dict(r, _saved=True) if r["student"] in saved else r for r in records]
-        for rec in records:
-            if rec.get("status") in ("rejected", "error") and not rec.get("unchanged"):
-                log(f"  \u2717 {shown_name(rec['student'])}: {rec['reason']}")
-        _save(root, assignment, records, shard, out)
-    finally:
-        shutil.rmtree(workbase, ignore_errors=True)
-    return sorted(records, key=lambda r: r["student"])
+
+def _longest_first(todo: list[dict], root: str) -> list[dict]:
+    """The jobs in the order that ends soonest on a few workers: the assignments whose submissions take
+    longest first (each assignment's median time in its last records; an assignment graded never before by
+    its number of test cells, 1 s each), each assignment's submissions in the order they were given."""
+    cost: dict[str, float] = {}
+    for job in todo:
+        a = job["assignment"]
+        if a not in cost:
+            times = sorted(r["timings"]["total"] for r in read_results(root, a).values()
+                           if isinstance(r.get("timings"), dict)
+                           and isinstance(r["timings"].get("total"), (int, float)))
+            cost[a] = times[len(times) // 2] if times else float(len(job["cells"]))
+    return sorted(todo, key=lambda job: -cost[job["assignment"]])
 
 
 def _worker(conn) -> None:
@@ -721,11 +772,12 @@ def _run_jobs(todo: list[dict], jobs: int, progress: bool, log, on_done=None) ->
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(todo), unit="notebook", desc=f"grading {todo[0]['assignment']}", dynamic_ncols=True,
-                   file=sys.stdout)
+        names = sorted({job["assignment"] for job in todo})
+        bar = tqdm(total=len(todo), unit="notebook", desc=f"grading {names[0]}" if len(names) == 1 else
+                   f"grading {len(names)} assignments", dynamic_ncols=True, file=sys.stdout)
     ctx = multiprocessing.get_context("spawn")
     queue = list(todo)
-    attempts: dict[str, int] = {}
+    attempts: dict[tuple[str, str], int] = {}
     busy: dict = {}  # connection -> (process, job or None)
 
     def start_worker():
@@ -741,7 +793,8 @@ def _run_jobs(todo: list[dict], jobs: int, progress: bool, log, on_done=None) ->
             on_done(rec)
         if bar is not None:
             if rec.get("status") != "graded":
-                bar.write(f"  \u2717 {rec['student']}: {rec['reason']}")
+                where = rec["student"] if len(names) == 1 else f"{rec['student']} ({rec['assignment']})"
+                bar.write(f"  \u2717 {where}: {rec['reason']}")
             bar.update(1)
 
     for _ in range(max(1, min(jobs, len(todo)))):
@@ -751,13 +804,13 @@ def _run_jobs(todo: list[dict], jobs: int, progress: bool, log, on_done=None) ->
             for conn, (proc, job) in list(busy.items()):
                 if job is None and queue:
                     job = queue.pop(0)
-                    attempts[job["student"]] = attempts.get(job["student"], 0) + 1
+                    attempts[_key(job)] = attempts.get(_key(job), 0) + 1
                     try:
                         conn.send(job)
                         busy[conn] = (proc, job)
                     except (OSError, ValueError):
                         queue.insert(0, job)
-                        attempts[job["student"]] -= 1
+                        attempts[_key(job)] -= 1
             ready = wait([c for c, (_, j) in busy.items() if j is not None]
                          + [p.sentinel for p, j in busy.values() if j is not None])
             for conn, (proc, job) in list(busy.items()):
@@ -783,8 +836,8 @@ def _run_jobs(todo: list[dict], jobs: int, progress: bool, log, on_done=None) ->
                 start_worker()
                 why = (f"the grading worker died while grading this submission (exit code {code}"
                        + (", killed by signal %d" % -code if code is not None and code < 0 else "") + ")")
-                if attempts[job["student"]] < 2:
-                    log(f"  ! {job['student']}: {why}; grading it once more")
+                if attempts[_key(job)] < 2:
+                    log(f"  ! {job['student']} ({job['assignment']}): {why}; grading it once more")
                     queue.insert(0, job)
                 else:
                     finish(_died(job, why + " twice; the other submissions were graded"))

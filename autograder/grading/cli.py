@@ -277,7 +277,7 @@ def _shard_file(root: str, assignment: str, shard: tuple[int, int], out: str | N
 
 def _autograde(root: str, assignments: list[str], args) -> list[dict]:
     from autograder.grading.classrun import (ClassRunError, backup_gradebook, course_lock, ensure_gradebook,
-                                             grade_class, write_gradebook)
+                                             grade_classes, write_gradebook)
 
     if args.no_sandbox:
         print("WARNING: grading WITHOUT a sandbox (--no-sandbox): student code can read and write the course's "
@@ -290,22 +290,31 @@ def _autograde(root: str, assignments: list[str], args) -> list[dict]:
         if args.shard is not None:
             _gradebook_first(root, assignments)
         with lock:
-            for a in assignments:
-                if args.shard is None:  # before grading: a gradebook that cannot be made stops the run here
+            if args.shard is None:  # before grading: a gradebook that cannot be made stops the run here
+                for a in assignments:
                     ensure_gradebook(root, a)
-                t0 = time.monotonic()
-                recs = grade_class(root, a, jobs=args.jobs, shard=args.shard, force=args.force,
+            t0 = time.monotonic()
+            # every assignment's submissions in one queue for the workers (classrun.grade_classes)
+            graded = grade_classes(root, assignments, jobs=args.jobs, shard=args.shard, force=args.force,
                                    isolate=not args.no_sandbox, memory_bytes=int(args.memory * 2**30),
                                    budget=args.budget, progress=not args.quiet, out=args.out,
                                    second_backend=second_backend)
+            seconds = time.monotonic() - t0
+            for a in assignments:
+                recs = graded[a]
                 fresh = [r for r in recs if not r.get("unchanged")]
-                print(f"{a}: {len(recs)} submission(s), {len(fresh)} graded in {time.monotonic() - t0:.1f} s"
+                print(f"{a}: {len(recs)} submission(s), {len(fresh)} graded"
+                      + (f" in {seconds:.1f} s" if len(assignments) == 1 else "")
                       + (f" (shard {args.shard[0]}/{args.shard[1]}: wrote {_shard_file(root, a, args.shard, args.out)}"
                          f" only; `merge` it)" if args.shard else ""))
-                if args.shard is None and recs:
-                    backup_gradebook(root)
-                    _with_gradebook_retry(lambda: write_gradebook(root, a, recs), "write the gradebook")
                 records += recs
+            if len(assignments) > 1:
+                print(f"{len(assignments)} assignments graded in {seconds:.1f} s (their submissions in one queue)")
+            if args.shard is None and records:
+                backup_gradebook(root)
+                for a in assignments:
+                    if graded[a]:
+                        _with_gradebook_retry(lambda a=a: write_gradebook(root, a, graded[a]), "write the gradebook")
     except ClassRunError as exc:
         raise SystemExit(f"autograder.grade: {exc}") from None
     return records
