@@ -308,3 +308,38 @@ def test_rank_layout_equals_megatrons_rank_generator():
             assert got[key] == expert.get_ranks(token), (world, sizes, key)
         compared += 1
     assert compared > 1000
+
+
+def _parts_and_full_tensors(rank, world_size, layout):
+    import torch.distributed as dist
+
+    from autograder.checks.composition.checkpoint import _build, _gathered, _model_name
+    from autograder.checks.composition.common import _full
+    from autograder.checks.composition.job import JOB_ARGS
+    from autograder.lessons.tinygpt import master_state
+
+    stage, _ = _build(JOB_ARGS, layout, master_state(JOB_ARGS, seed=1), zeros=False)
+    opt = torch.optim.AdamW(stage.parameters(), lr=1e-2)
+    for p in stage.parameters():
+        p.grad = p.detach() * 0.5 + 1
+    opt.step()
+    full = {_model_name(stage, name): {"param": _full(p), **{k: _full(v) for k, v in opt.state[p].items()}}
+            for name, p in stage.named_parameters()}
+    dist.barrier()
+    return _gathered(stage, opt), full
+
+
+@pytest.mark.parametrize("layout", [dict(pp=2, dp=1, tp=2), dict(pp=1, dp=2, tp=2), dict(pp=1, dp=4, tp=1)])
+def test_the_checkpoint_checks_whole_tensors_equal_dtensors_full_tensor(layout):
+    """The checkpoint check puts each parameter and AdamW state together in the grader from every rank's part
+    (offsets as DCP computes them) instead of a `full_tensor()` collective per tensor: the same tensors,
+    exactly, as DTensor's own gather, on layouts that shard over DP (dim 0) and TP (either dim)."""
+    from autograder.checks.composition.checkpoint import _whole
+
+    results = run_distributed(_parts_and_full_tensors, layout["pp"] * layout["dp"] * layout["tp"], args=(layout,))
+    wholes = _whole([parts for parts, _ in results])
+    for rank, (whole, (_, full)) in enumerate(zip(wholes, results)):
+        assert whole.keys() == full.keys() and full
+        for name, entry in full.items():
+            for key, want in entry.items():
+                assert torch.equal(whole[name][key], want), f"rank {rank}: {name} {key}"

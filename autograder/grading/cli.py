@@ -14,7 +14,8 @@
 Run from the course root (where nbgrader_config.py is). `autograde` grades
 each submission in a sandbox, in parallel (autograder.grading.classrun: the
 student's cells run once in the sandbox, every check once in the trusted
-grader), regrades only what changed, writes nbgrader's gradebook (backed up
+grader; the submissions of every assignment named in one queue for the
+workers), regrades only what changed, writes nbgrader's gradebook (backed up
 first, one command at a time), the feedback HTML, and prints the table. It
 exits with status 1 when a submission could not be graded for a reason of
 the grader's own (a student's bad file is a graded reason, not a failure).

@@ -33,7 +33,7 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from autograder.runtime.compare import CheckFailure
 from autograder.lessons.tinygpt import ModelArgs, TransformerBlock, master_state
 
-from .common import LR, _TIMEOUT, _close, _full, _rank_logging_to_log_file, _student
+from .common import LR, _TIMEOUT, _close, _rank_logging_to_log_file, _student
 from .job import JOB_ARGS, _init_optimizer_state
 from .train import _expected_placement
 
@@ -83,15 +83,59 @@ def _build(args, layout, state, zeros: bool):
 
 
 def _gathered(stage, opt) -> dict:
-    """{model name: {"param": full tensor, "step": ..., "exp_avg": ..., "exp_avg_sq": ...}} of this rank's stage."""
+    """{model name: {"param": part, "step": ..., "exp_avg": ..., "exp_avg_sq": ...}} of this rank's stage, each
+    value this rank's `_part` of it (`_whole` puts the tensors together in the grader)."""
     out = {}
     for name, p in stage.named_parameters():
-        entry = {"param": _full(p)}
+        entry = {"param": _part(p)}
         for key in _STATE_KEYS:
-            value = opt.state.get(p, {}).get(key)
-            entry[key] = _full(value) if value is not None else None
+            entry[key] = _part(opt.state.get(p, {}).get(key))
         out[_model_name(stage, name)] = entry
     return out
+
+
+def _part(t):
+    """(the ranks that hold parts of `t`, this rank's values, their offset in the whole tensor, its shape), or None.
+
+    A DTensor's offset is DTensor's own (`compute_local_shape_and_global_offset`, as DCP writes its shards): the
+    grader puts the whole tensor together from every rank's part, without a collective per tensor in the ranks
+    (`full_tensor()` of each parameter and AdamW state was most of the check's time)."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    if t is None:
+        return None
+    if isinstance(t, DTensor):
+        _, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+        return (tuple(t.device_mesh.mesh.flatten().tolist()), t.to_local().detach().cpu().clone(), tuple(offset),
+                tuple(t.shape))
+    import torch.distributed as dist
+
+    return ((dist.get_rank(),), t.detach().cpu().clone(), (0,) * t.dim(), tuple(t.shape))
+
+
+def _whole(parts: list[dict]) -> list[dict]:
+    """Each rank's `_gathered` with every part replaced by its whole tensor: the parts of the same name held by the
+    same ranks put together (the embedding and the last stage's copy of the head share a name, not their ranks)."""
+    pieces: dict = {}
+    for part in parts:
+        for name, entry in part.items():
+            for key, value in entry.items():
+                if value is not None:
+                    pieces.setdefault((name, key, value[0]), []).append(value[1:])
+    whole = {}
+    for (name, key, ranks), found in pieces.items():
+        shape = found[0][2]
+        full = torch.full(shape, float("nan"), dtype=found[0][0].dtype)
+        covered = torch.zeros(shape, dtype=torch.bool)
+        for local, offset, _ in found:
+            where = tuple(slice(o, o + n) for o, n in zip(offset, local.shape))
+            full[where] = local
+            covered[where] = True
+        if not bool(covered.all()):
+            raise RuntimeError(f"checkpoint check: the parts of {name} {key} on ranks {ranks} do not cover it")
+        whole[(name, key, ranks)] = full
+    return [{name: {key: None if value is None else whole[(name, key, value[0])] for key, value in entry.items()}
+             for name, entry in part.items()} for part in parts]
 
 
 def _save_rank(rank, world_size, fn, args, layout, state, grads, path):
@@ -185,8 +229,9 @@ def check_checkpoint_state(checkpoint_state, *, save: dict, load: dict, args: Mo
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     saved = {}
-    for part in saved_parts:
+    for part in _whole(saved_parts):
         saved.update(part)
+    loaded_parts = _whole(loaded_parts)
     ctx = f"checkpoint_state, saved on {_layout_text(save)}, loaded on {_layout_text(load)}"
     for rank, part in enumerate(loaded_parts):
         for name, entry in part.items():
