@@ -19,7 +19,7 @@ EXHAUSTIVE = os.environ.get("COURSE_EXHAUSTIVE", "") == "1"
 # test` runs them after the rest, on an otherwise idle machine, never beside another test process (pytest-xdist).
 TIMING = {
     "tests/test_dist.py": None,                 # the whole file
-    "tests/test_student_messages.py": None,
+    "tests/test_student_messages.py": {"test_a_deadlock_is_reported_within_seconds_with_the_blocked_line"},
     "tests/test_kernel.py": None,
     "tests/test_context_parallel_notebook.py": {"test_deadlocking_ring_is_reported_with_a_hint_within_seconds"},
     "tests/test_composition_notebook.py": {"test_the_hang_is_reported_with_each_rank_line_and_the_grader_goes_on"},

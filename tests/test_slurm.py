@@ -324,17 +324,14 @@ def test_round_robin_shards_of_8_students_over_3_tasks_are_3_3_2_in_a_stable_ord
 
 def test_every_shard_entry_point_gives_the_same_slice(monkeypatch):
     """`--shard I/N`, `--shard slurm/N` (SLURM_ARRAY_TASK_ID, 1-based) and `--shard k8s/N` (JOB_COMPLETION_INDEX,
-    0-based) name the same shard, and the class run takes its students from `shard_of`."""
-    import inspect
-
-    from autograder.grading import classrun
+    0-based) name the same shard. (That a task grades exactly `shard_of`'s slice is checked on the real cluster
+    below, from the records of each shard file.)"""
     from autograder.grading.cli import _shard
 
     for i in (1, 2, 3):
         monkeypatch.setenv("SLURM_ARRAY_TASK_ID", str(i))
         monkeypatch.setenv("JOB_COMPLETION_INDEX", str(i - 1))
         assert _shard(f"{i}/3") == _shard("slurm/3") == _shard("k8s/3") == (i, 3)
-    assert "shard_of(everyone, index, count)" in inspect.getsource(classrun.grade_class)
 
 
 def _merge(root: str, *files: str) -> subprocess.CompletedProcess:

@@ -837,7 +837,7 @@ def _run_jobs(todo: list[dict], jobs: int, progress: bool, log, on_done=None) ->
                 why = (f"the grading worker died while grading this submission (exit code {code}"
                        + (", killed by signal %d" % -code if code is not None and code < 0 else "") + ")")
                 if attempts[_key(job)] < 2:
-                    log(f"  ! {job['student']} ({job['assignment']}): {why}; grading it once more")
+                    log(f"  ! {job['assignment']}/{job['student']}: {why}; grading it once more")
                     queue.insert(0, job)
                 else:
                     finish(_died(job, why + " twice; the other submissions were graded"))
