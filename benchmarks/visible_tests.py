@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/visible_tests.py 04_context_parallel           # ranks forked (Linux)
     .venv/bin/python benchmarks/visible_tests.py 04_context_parallel --spawn   # ranks spawned (the macOS path)
     .venv/bin/python benchmarks/visible_tests.py all --repeat 3
+    .venv/bin/python benchmarks/visible_tests.py all --repeat 3 --summary   # one line per assignment
 
 Runs the release notebook with every answer cell filled by the reference (the
 visible tests only, as a student's kernel runs them) in this process, cell
@@ -64,6 +65,8 @@ def main() -> None:
     parser.add_argument("assignment", help="e.g. 04_context_parallel, or all")
     parser.add_argument("--spawn", action="store_true", help="spawn the ranks (AUTOGRADER_START_METHOD=spawn)")
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--summary", action="store_true",
+                        help="one line per assignment: its cells, their total, median and slowest, those over 1 s")
     args = parser.parse_args()
     if args.spawn:
         os.environ["AUTOGRADER_START_METHOD"] = "spawn"
@@ -73,10 +76,21 @@ def main() -> None:
     import matplotlib
 
     matplotlib.use("Agg")
+    how = f"{'spawned' if args.spawn else 'forked'} ranks, {os.cpu_count()} cores, median of {args.repeat}"
+    if args.summary:
+        print(f"visible test cells of the solved notebooks ({how}; seconds)")
+        print(f"{'':22s} {'cells':>5s} {'total':>6s} {'median':>6s}  {'slowest':42s} {'> 1 s':>5s}  failed")
     for a in names:
         runs = [visible_times(a) for _ in range(args.repeat)]
-        print(f"{a} ({'spawned' if args.spawn else 'forked'} ranks, {os.cpu_count()} cores, "
-              f"median of {args.repeat}):")
+        secs = {gid: statistics.median(r[gid][0] for r in runs) for gid in runs[0]}
+        if args.summary:
+            worst = max(secs, key=secs.get)
+            failed = [g for g in runs[0] if not all(r[g][1] for r in runs)]
+            print(f"{a:22s} {len(secs):5d} {sum(secs.values()):6.2f} {statistics.median(secs.values()):6.2f}  "
+                  f"{worst + f' {secs[worst]:.2f}':42s} {sum(v > 1 for v in secs.values()):5d}  "
+                  f"{', '.join(failed) or 'none'}")
+            continue
+        print(f"{a} ({how}):")
         for gid in runs[0]:
             secs = statistics.median(r[gid][0] for r in runs)
             ok = all(r[gid][1] for r in runs)
