@@ -322,16 +322,21 @@ def test_round_robin_shards_of_8_students_over_3_tasks_are_3_3_2_in_a_stable_ord
         assert max(sizes) - min(sizes) <= 1 and sum(sizes) == 8
 
 
-def test_every_shard_entry_point_gives_the_same_slice(monkeypatch):
+def test_every_shard_entry_point_gives_the_same_slice(monkeypatch, built, tmp_path):
     """`--shard I/N`, `--shard slurm/N` (SLURM_ARRAY_TASK_ID, 1-based) and `--shard k8s/N` (JOB_COMPLETION_INDEX,
-    0-based) name the same shard. (That a task grades exactly `shard_of`'s slice is checked on the real cluster
-    below, from the records of each shard file.)"""
+    0-based) name the same shard, and the class run takes exactly `shard_of`'s slice of its students (here
+    students without a submission: each gets a record saying so, and nothing is graded)."""
+    from autograder.grading.classrun import _plan, shard_of
     from autograder.grading.cli import _shard
 
+    everyone = ["ali", "bea", "cy", "dan", "eve"]
     for i in (1, 2, 3):
         monkeypatch.setenv("SLURM_ARRAY_TASK_ID", str(i))
         monkeypatch.setenv("JOB_COMPLETION_INDEX", str(i - 1))
         assert _shard(f"{i}/3") == _shard("slurm/3") == _shard("k8s/3") == (i, 3)
+        plan = _plan(built, A, str(tmp_path / f"work-{i}"), students=everyone, shard=_shard("slurm/3"), force=True,
+                     isolate=False, memory_bytes=None, max_pids=None, budget=600.0, second_backend=None)
+        assert not plan["todo"] and [r["student"] for r in plan["records"]] == shard_of(everyone, i, 3), plan
 
 
 def _merge(root: str, *files: str) -> subprocess.CompletedProcess:
