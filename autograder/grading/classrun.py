@@ -36,6 +36,7 @@ or the grader (source notebook, autograder package) changed, unless forced.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copy
 import datetime
@@ -226,7 +227,12 @@ def _nbgrader_env(root: str) -> dict:
 
 
 def prepare_template(root: str, assignment: str, dest: str) -> str:
-    """A scratch course (config, sanitised source, its own gradebook) to copy for each submission."""
+    """A scratch course (config, sanitised source, its own gradebook) to copy for each submission.
+
+    nbgrader's generate_assignment runs here, in this process (nbgrader's own command was a fresh interpreter
+    of about 3 CPU-seconds per assignment, most of it imports and `alembic heads`), on a copy of one empty
+    gradebook made once per process (`_empty_gradebook`: nbgrader stamps a new gradebook's schema version by
+    running alembic, 1.2 s each time)."""
     os.makedirs(os.path.join(dest, "source", assignment), exist_ok=True)
     shutil.copy2(os.path.join(root, "nbgrader_config.py"), dest)
     src = source_notebook(root, assignment)
@@ -234,14 +240,39 @@ def prepare_template(root: str, assignment: str, dest: str) -> str:
         nb = sanitised_source(json.load(f))
     with open(os.path.join(dest, "source", assignment, os.path.basename(src)), "w", encoding="utf-8") as f:
         json.dump(nb, f, indent=1)
-    exe = os.path.join(os.path.dirname(sys.executable), "nbgrader")
-    proc = subprocess.run([exe if os.path.exists(exe) else "nbgrader", "generate_assignment", assignment, "--force",
-                           "--log-level=ERROR"], cwd=dest, env=_nbgrader_env(root), capture_output=True, text=True,
-                          timeout=600)
-    if proc.returncode != 0:
-        raise ClassRunError(f"could not prepare the scratch course for {assignment}:\n{proc.stdout[-2000:]}"
-                            f"{proc.stderr[-2000:]}")
+    shutil.copy2(_empty_gradebook(), os.path.join(dest, "gradebook.db"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # SQLAlchemy's and nbconvert's notes, as nbgrader's command hid them
+        result = _nbgrader_api(dest).generate_assignment(assignment, force=True)
+    if not result.get("success"):
+        raise ClassRunError(f"could not prepare the scratch course for {assignment}:\n"
+                            f"{str(result.get('error') or '')[-2000:]}{str(result.get('log') or '')[-2000:]}")
     return dest
+
+
+_EMPTY_GRADEBOOK: dict = {}
+
+
+def _empty_gradebook() -> str:
+    """An nbgrader gradebook with nothing in it, its schema version stamped (made once per process)."""
+    path = _EMPTY_GRADEBOOK.get(os.getpid())
+    if path is None or not os.path.exists(path):
+        from nbgrader.api import Gradebook
+
+        folder = tempfile.mkdtemp(prefix="autograder-gradebook-")
+        path = os.path.join(folder, "gradebook.db")
+        env_path = os.environ.get("PATH", "")
+        bin_dir = os.path.dirname(sys.executable)  # nbgrader runs `alembic` from PATH: this interpreter's first
+        os.environ["PATH"] = bin_dir + os.pathsep + env_path
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                Gradebook("sqlite:///" + path).close()
+        finally:
+            os.environ["PATH"] = env_path
+        atexit.register(shutil.rmtree, folder, True)
+        _EMPTY_GRADEBOOK[os.getpid()] = path
+    return path
 
 
 def _cached_template(root: str, assignment: str, fingerprint: str) -> str:
