@@ -60,6 +60,12 @@ class Case:
     forged: tuple = ()   # cells the attack forges in its own process: 0 points, or flagged
 
 
+# code run on the process the student's cells run in was forked from: the fork server, where there is one
+_ON_THE_SERVER = ("import os as _o, signal as _s, resource as _r\n"
+                  "_p = _o.getppid()\n"
+                  "if b'_server_main' in open(f'/proc/{{_p}}/cmdline', 'rb').read():\n"
+                  "    {}\n")
+
 CASES = [
     # -- inflating an unfinished notebook's score (the trusted grader runs none of this) -------------------
     Case("checks_redefined_as_noops", "untouched",
@@ -252,6 +258,15 @@ CASES = [
     # (intake refuses a notebook over 16 MiB with the reason: 10 MB saved in one output is graded, the output capped)
     Case("ten_megabytes_saved_in_an_output", "reference", expected=12,
          notebook=lambda course: _with_saved_output(reference(course), "x" * 10_000_000)),
+    # -- the grading worker's fork server (autograder/grading/forkserver.py): the same user on the host, in the
+    # same process namespace as the submission's processes. Changing what every fork would inherit (its limits,
+    # priority, a stop) costs the next submission nothing: the grader continues it, it refuses to fork
+    # changed, and is started anew; killing it kills only the submission's own run (its processes die with it)
+    Case("tampers_with_the_fork_server", "reference", _ON_THE_SERVER.format(
+        "_r.prlimit(_p, _r.RLIMIT_NOFILE, (20, 20))\n"
+        "    _o.setpriority(_o.PRIO_PROCESS, _p, 19); _o.sched_setaffinity(_p, {0})\n"
+        "    _o.kill(_p, _s.SIGSTOP)"), 12),
+    Case("kills_the_fork_server", "reference", _ON_THE_SERVER.format("_o.kill(_p, _s.SIGKILL)"), 0),
     # -- the feedback page, which the instructor opens in a browser (formgrader) ------------------------------------
     Case("scripts_in_markdown_and_outputs", "reference", expected=12,
          notebook=lambda course: _with_active_content(reference(course))),
@@ -643,6 +658,18 @@ def test_a_gradebook_held_locked_by_another_process_is_waited_for(graded):
     assert gradebook(course)["late-student"] == {"test_copy_to_region": 6.0, "test_reduce_from_region": 6.0, ARGS: 5.0}
     proc = run_grade(course, "scores")
     assert proc.returncode == 0 and "late-student" in proc.stdout
+
+
+@pytest.mark.skipif(not CGROUPS, reason="the fork server needs cgroups to account each submission apart")
+def test_the_catalogue_ran_on_the_fork_server(graded):
+    """Every case but those graded after one that broke their worker's fork server was forked from it (the
+    rest: a fresh sandbox each, as without one); the cases that tampered with it and killed it were its forks."""
+    _, recs, _, _ = graded
+    graded_recs = {s: r for s, r in recs.items() if r["status"] == "graded"}
+    forked = sorted(s for s, r in graded_recs.items() if r.get("sandbox") == "forked")
+    assert len(forked) >= len(graded_recs) - 4, sorted(set(graded_recs) - set(forked))
+    for case in ("tampers_with_the_fork_server", "kills_the_fork_server"):
+        assert recs[case.replace("_", "-")]["sandbox"] == "forked", recs[case.replace("_", "-")].get("sandbox")
 
 
 def test_there_are_at_least_thirty_cases():

@@ -402,16 +402,23 @@ def _grade_into(record: dict, job: dict, work: str) -> None:
     # 1. The trusted run: the student's cells run once, in the sandbox; every test cell (visible and hidden)
     # runs once, here, with the student's code reached only through the sandbox.
     t0 = time.monotonic()
-    inputs = os.path.join(work, "inputs")  # the grader writes it; the sandbox reads it
-    os.makedirs(inputs)
+    gpus = job.get("second_backend") == "nccl"
+    server = _fork_server(root, job) if job["isolate"] and not gpus else None
+    if server is not None:
+        inputs = server.new_inputs()  # (removed with the submission's sandbox)
+    else:
+        inputs = os.path.join(work, "inputs")  # the grader writes it; the sandbox reads it
+        os.makedirs(inputs)
     with Sandbox(root, inputs, isolate=job["isolate"], memory_bytes=job["memory_bytes"],
-                 max_pids=job["max_pids"], gpus=job.get("second_backend") == "nccl") as box:
+                 max_pids=job["max_pids"], gpus=gpus, server=server) as box:
         verdicts, cell_errors = grade_notebook(notebook, source, inputs=inputs, sandbox=box, budget=job["budget"],
                                                memory_note=f"out of memory (limit {memory_gib:g} GiB)",
                                                second_backend=job.get("second_backend"))
         cpu = box.cpu_seconds()
         if cpu is not None:
             record["timings"]["sandbox_cpu"] = round(cpu, 2)
+        # forked from the worker's fork server, or a fresh sandbox (none here, or the server broken meanwhile)
+        record["sandbox"] = "forked" if box.server is not None else "fresh"
         if box.out_of_memory:
             record["warnings"].append(f"the submission ran out of memory (limit {memory_gib:g} GiB): the "
                                       f"processes that exceeded it were killed")
@@ -469,6 +476,35 @@ def _grade_into(record: dict, job: dict, work: str) -> None:
     if html is not None:
         record["feedback_html"] = html
     record["timings"]["feedback"] = round(time.monotonic() - t0, 2)
+
+
+_SERVERS: dict = {}  # this worker's fork server (autograder.grading.forkserver), or why it has none
+
+
+def _fork_server(root: str, job: dict):
+    """This worker's fork server for `root`, started at its first submission and again when a submission
+    killed it; None (each submission in a fresh sandbox) where it cannot start here, or where
+    AUTOGRADER_FORK_SERVER=0 says so."""
+    if os.environ.get("AUTOGRADER_FORK_SERVER", "1") == "0":
+        return None
+    from autograder.grading.forkserver import ForkServer, ForkServerUnavailable
+    from autograder.grading.sandbox import SandboxUnavailable
+
+    key = (root, job["memory_bytes"], job["max_pids"])
+    server = _SERVERS.get(key)
+    if isinstance(server, str):
+        return None  # it could not start in this worker: not tried again for every submission
+    if server is not None and server.alive() and not server.broken:
+        return server
+    if server is not None:
+        server.close()
+    try:
+        server = _SERVERS[key] = ForkServer(root, memory_bytes=job["memory_bytes"], max_pids=job["max_pids"])
+    except (ForkServerUnavailable, SandboxUnavailable, OSError) as exc:
+        _SERVERS[key] = str(exc)
+        return None
+    atexit.register(server.close)
+    return server
 
 
 def _nbgrader_api(course: str):

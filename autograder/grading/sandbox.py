@@ -720,8 +720,15 @@ class Sandbox:
 
     def __init__(self, course_root: str, inputs: str, *, isolate: bool = True,
                  memory_bytes: int | None = 4 * 2**30, max_pids: int | None = 512,
-                 scratch_bytes: int = SCRATCH_BYTES, extra_ro: tuple = (), check: bool = True, gpus: bool = False):
+                 scratch_bytes: int = SCRATCH_BYTES, extra_ro: tuple = (), check: bool = True, gpus: bool = False,
+                 shm_bytes: int = SHM_BYTES, server=None, runs_server: bool = False):
         self.root = os.path.realpath(course_root)
+        # `server`: a ForkServer (autograder.grading.forkserver) this submission's zygote is forked from, into
+        # namespaces of its own; `runs_server`: this sandbox runs such a server (no seccomp filter and new user
+        # namespaces allowed: its forks make their own, then install the filter themselves)
+        self.server = server
+        self.runs_server = runs_server
+        self.shm_bytes = shm_bytes
         self.inputs = os.path.realpath(inputs)
         os.chmod(self.inputs, 0o755)  # the grader's folder: the submission (another user) reads it, never writes
         self.isolate = isolate
@@ -794,7 +801,7 @@ class Sandbox:
         args = ["--dev", "/dev", "--proc", "/proc",
                 "--perms", "1777", "--size", str(self.scratch_bytes), "--tmpfs", "/tmp",
                 # NCCL's shared-memory transport needs room in /dev/shm
-                "--perms", "1777", "--size", str(SHM_BYTES * (8 if self.gpus else 1)), "--tmpfs", "/dev/shm"]
+                "--perms", "1777", "--size", str(self.shm_bytes * (8 if self.gpus else 1)), "--tmpfs", "/dev/shm"]
         if self.gpus:
             import glob
 
@@ -846,7 +853,7 @@ class Sandbox:
         # the filter goes to the bubblewrap that runs `cmd` (as root: the inner one, which still needs unshare,
         # mount and pivot_root to build the user namespace, and installs the filter after that)
         unprivileged = ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
-                        "--disable-userns", "--cap-drop", "ALL", "--die-with-parent",
+                        *([] if self.runs_server else ["--disable-userns"]), "--cap-drop", "ALL", "--die-with-parent",
                         *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else [])]
         if os.geteuid() == 0:
             # outer (root): the file system; then the unprivileged host user; inner: the user namespace
@@ -882,7 +889,7 @@ class Sandbox:
             _enter_limits(cgroup_dirs, limit)
 
         # the seccomp filter: missing only where this machine has none (the probe then refuses to grade)
-        fd = _seccomp_fd()[0] if self.isolate else None
+        fd = _seccomp_fd()[0] if self.isolate and not self.runs_server else None
         try:
             if fd is not None:
                 kwargs["pass_fds"] = (*kwargs.get("pass_fds", ()), fd)
@@ -891,6 +898,14 @@ class Sandbox:
         finally:
             if fd is not None:
                 os.close(fd)
+        self.procs.append(proc)
+        return proc
+
+    def start_zygote(self, inputs: str, workdir: str, output_limit: int, env: dict | None = None):
+        """The submission's zygote (trusted._zygote_main) forked from `self.server` into this sandbox's cgroups
+        and namespaces of its own: a Popen-like handle (forkserver.ForkedProcess)."""
+        proc = self.server.fork({"op": "zygote", "inputs": inputs, "workdir": workdir, "output_limit": output_limit,
+                                 "env": self.env(env)}, self.cgroups.dirs)
         self.procs.append(proc)
         return proc
 
@@ -946,6 +961,8 @@ class Sandbox:
                 self.kill(p)
         finally:
             self.cgroups.remove()
+            if self.server is not None:  # the folder in the fork server's inputs: this submission's, gone with it
+                shutil.rmtree(self.inputs, ignore_errors=True)
             if self._host_scratch:
                 shutil.rmtree(self._host_scratch, ignore_errors=True)
 

@@ -557,7 +557,18 @@ class ZygoteClient:
             env["AUTOGRADER_BACKSTOP_S"] = os.environ["AUTOGRADER_BACKSTOP_S"]
         if os.environ.get("AUTOGRADER_RANK_POOL"):  # "0": every check on fresh ranks (autograder.runtime.pool)
             env["AUTOGRADER_RANK_POOL"] = os.environ["AUTOGRADER_RANK_POOL"]
-        if self.sandbox is not None:
+        self.proc = None
+        if getattr(self.sandbox, "server", None) is not None:  # forked from the worker's fork server
+            from autograder.grading.forkserver import ForkServerUnavailable
+
+            try:
+                self.proc = self.sandbox.start_zygote(self.inputs, self.workdir, self.output_limit, env)
+            except ForkServerUnavailable:  # (killed or changed by the last submission): a fresh sandbox instead
+                self.sandbox.server.broken = True  # (started anew for the next submission)
+                self.sandbox.server = None
+        if self.proc is not None:
+            pass
+        elif self.sandbox is not None:
             self.proc = self.sandbox.popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                            stderr=subprocess.DEVNULL)
         else:
@@ -591,6 +602,13 @@ class ZygoteClient:
             why = "the submission's process died while running its cells" if str(exc) == "timeout" \
                 or "closed" in str(exc) else str(exc)
             raise RuntimeError(why) from None
+        if msg.get("fork_error") and getattr(self.sandbox, "server", None) is not None:
+            # the fork server's child could not make its sandbox (not the submission's doing): a fresh one
+            self.close()
+            self.sandbox.server.broken = True
+            self.sandbox.server = None
+            self.starts -= 1
+            return self.start()
         if not msg.get("ready"):
             self.close()
             raise RuntimeError("the submission's process did not start serving the grader")
