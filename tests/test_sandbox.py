@@ -499,3 +499,90 @@ def test_a_sandbox_never_closed_leaves_no_cgroup_when_its_process_exits(tmp_path
         assert _cgroups_of(owner.pid) == [], "left after the owner exited without closing its sandbox"
     finally:
         _remove_left(_cgroups_of(owner.pid))
+
+
+# -- the fork server (autograder/grading/forkserver.py): one per grading worker, each submission forked from it ---
+
+_FIRST = r'''
+import os, socket, subprocess
+def leave_traces():
+    open('/tmp/left-behind', 'w').write('first')
+    open('/dev/shm/left-behind', 'w').write('first')
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    shm = libc.shmget(0x5eed, 4096, 0o1666)  # IPC_CREAT | 0666: a SysV segment outlives its process
+    s = socket.socket(); s.bind(('127.0.0.1', 45678)); s.listen()
+    globals()['_kept'] = s
+    sleeper = subprocess.Popen(['sleep', '600'], start_new_session=True)
+    return [shm, sleeper.pid, os.getuid(), socket.gethostname()]
+'''
+
+_SECOND = r'''
+import os, socket, resource
+def look():
+    try:
+        socket.create_connection(('127.0.0.1', 45678), timeout=2).close()
+        port = 'open'
+    except OSError:
+        port = 'closed'
+    shm = [line.split()[0] for line in open('/proc/sysvipc/shm').read().splitlines()[1:]]
+    procs = [open(f'/proc/{p}/cmdline', 'rb').read() for p in os.listdir('/proc') if p.isdigit()]
+    status = dict(line.split(':', 1) for line in open('/proc/self/status').read().splitlines())
+    return {'tmp': os.path.exists('/tmp/left-behind'), 'shm_file': os.path.exists('/dev/shm/left-behind'),
+            'sysv': shm, 'port': port, 'sleepers': sum(c.startswith(b'sleep') for c in procs),
+            'uid': os.getuid(), 'CapEff': status['CapEff'].strip(), 'NoNewPrivs': status['NoNewPrivs'].strip(),
+            'Seccomp': status['Seccomp'].strip(), 'nofile': list(resource.getrlimit(resource.RLIMIT_NOFILE)),
+            'server_pid_parent': b'_server_main' in open(f'/proc/{os.getppid()}/cmdline', 'rb').read()}
+'''
+
+
+def _served(server, code: str, name: str, env_off: bool = False):
+    """`name()` of a one-cell notebook defining it, called in a zygote forked from `server`; and how it ran."""
+    from autograder.grading.sandbox import Sandbox
+    from autograder.grading.trusted import ZygoteClient
+
+    nb = {"cells": [{"cell_type": "code", "metadata": {}, "source": code, "outputs": [], "execution_count": None}],
+          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    with Sandbox(ROOT, server.new_inputs(), server=server) as box, \
+            ZygoteClient(nb, box.inputs, box.scratch, sandbox=box) as zygote:
+        assert not zygote.cell_errors, zygote.cell_errors
+        return zygote.call(name, (), {}), ("forked" if box.server is not None else "fresh")
+
+
+@pytest.mark.skipif(not os.access("/sys/fs/cgroup", os.W_OK), reason="the fork server needs writable cgroups")
+def test_a_fork_of_the_server_finds_nothing_of_the_submission_before_it_and_no_privilege():
+    from autograder.grading.forkserver import ForkServer
+
+    server = ForkServer(ROOT)  # (it probes a fork as `probe` does a fresh sandbox, and refuses to start otherwise)
+    try:
+        first, how = _served(server, _FIRST, "leave_traces")
+        assert how == "forked" and first[0] >= 0 and first[2:] == [1000, "sandbox"], first
+        second, how = _served(server, _SECOND, "look")
+        assert how == "forked"
+    finally:
+        server.close()
+    assert second["server_pid_parent"]  # the same server forked both
+    assert not second["tmp"] and not second["shm_file"], second  # a private /tmp and /dev/shm each
+    assert second["sysv"] == [] and second["port"] == "closed", second  # IPC and network namespaces of its own
+    assert second["sleepers"] == 0, second  # the first submission's processes were killed with its cgroups
+    assert (second["uid"], second["CapEff"], second["NoNewPrivs"], second["Seccomp"]) == \
+        (1000, "0000000000000000", "1", "2"), second
+
+
+@pytest.mark.skipif(not os.access("/sys/fs/cgroup", os.W_OK), reason="the fork server needs writable cgroups")
+def test_a_server_changed_by_a_submission_is_not_forked_again():
+    """A submission's processes are the server's user on the host: one that lowers the server's limits (which
+    every fork would inherit) and stops it leaves the next submission a fresh sandbox, with its own limits."""
+    from autograder.grading.forkserver import ForkServer
+
+    server = ForkServer(ROOT)
+    try:
+        _, how = _served(server, "import os, signal, resource\ndef tamper():\n    p = os.getppid()\n"
+                                 "    resource.prlimit(p, resource.RLIMIT_NOFILE, (20, 20))\n"
+                                 "    os.kill(p, signal.SIGSTOP)\n", "tamper")
+        assert how == "forked"
+        second, how = _served(server, _SECOND, "look")
+        assert how == "fresh" and server.broken, how
+        assert second["nofile"] != [20, 20] and not second["server_pid_parent"], second
+    finally:
+        server.close()
