@@ -479,7 +479,23 @@ def test_a_second_grading_command_is_told_who_holds_the_lock(course):
 
 
 def _worker_of(student: str) -> int | None:
-    """The grading worker (a spawned multiprocessing process) whose sandbox is running `student`'s cells."""
+    """The grading worker (a spawned multiprocessing process) whose sandbox is running `student`'s cells: a
+    fork of the worker's fork server, in cgroups named `<worker's pid>-<n>-<n>-<student>`, or a fresh sandbox's
+    zygote, whose command line names the student's inputs."""
+    for parent in ("/sys/fs/cgroup/pids/autograder", "/sys/fs/cgroup/autograder"):
+        try:
+            names = os.listdir(parent)
+        except OSError:
+            continue
+        for name in names:
+            owner = name.split("-", 1)[0]
+            try:
+                running = open(os.path.join(parent, name, "cgroup.procs")).read().split()
+                cmd = open(f"/proc/{owner}/cmdline", "rb").read()
+            except OSError:
+                continue
+            if name.endswith(f"-{student}") and running and b"multiprocessing" in cmd:
+                return int(owner)
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue

@@ -405,7 +405,7 @@ def _grade_into(record: dict, job: dict, work: str) -> None:
     gpus = job.get("second_backend") == "nccl"
     server = _fork_server(root, job) if job["isolate"] and not gpus else None
     if server is not None:
-        inputs = server.new_inputs()  # (removed with the submission's sandbox)
+        inputs = server.new_inputs(student)  # (removed with the submission's sandbox)
     else:
         inputs = os.path.join(work, "inputs")  # the grader writes it; the sandbox reads it
         os.makedirs(inputs)

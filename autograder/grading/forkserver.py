@@ -398,10 +398,11 @@ class ForkServer:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def new_inputs(self) -> str:
-        """A fresh folder for one submission's inputs, where the server's sandbox sees it."""
+    def new_inputs(self, name: str = "") -> str:
+        """A fresh folder for one submission's inputs, where the server's sandbox sees it (`name`: a student's,
+        in the folder's name and so in the submission's cgroups' names, as a fresh sandbox's inputs are)."""
         self._count += 1
-        path = os.path.join(self.inputs_root, str(self._count))
+        path = os.path.join(self.inputs_root, f"{self._count}-{name}" if name else str(self._count))
         os.mkdir(path, 0o755)
         return path
 
