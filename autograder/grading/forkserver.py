@@ -52,13 +52,11 @@ import sys
 import tempfile
 import time
 
+from autograder.grading.sandbox import ForkServerUnavailable  # (in sandbox: trusted catches it too)
+
 __all__ = ["ForkServer", "ForkServerUnavailable", "ForkedProcess"]
 
 SERVER_SCRATCH_BYTES = 1 << 20  # the server's own /tmp and /dev/shm: it writes nothing; each fork mounts its own
-
-
-class ForkServerUnavailable(RuntimeError):
-    """The fork server could not start here, or a fork of it failed its probe."""
 
 
 # ---------------------------------------------------------------------------

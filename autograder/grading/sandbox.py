@@ -65,8 +65,8 @@ import sys
 import tempfile
 import time
 
-__all__ = ["Sandbox", "SandboxUnavailable", "sandbox_status", "failure_hints", "SANDBOX_UID", "sweep_cgroups",
-           "seccomp_program", "SeccompUnavailable"]
+__all__ = ["Sandbox", "SandboxUnavailable", "ForkServerUnavailable", "sandbox_status", "failure_hints", "SANDBOX_UID",
+           "sweep_cgroups", "seccomp_program", "SeccompUnavailable"]
 
 _CG1 = "/sys/fs/cgroup"
 _counter = itertools.count()
@@ -78,6 +78,11 @@ SHM_BYTES = 128 * 2**20  # /dev/shm inside the sandbox
 
 class SandboxUnavailable(RuntimeError):
     """bubblewrap is missing, cannot create its namespaces here, or its probe found privileges inside."""
+
+
+class ForkServerUnavailable(SandboxUnavailable):
+    """A grading worker's fork server (autograder.grading.forkserver) could not start, failed its probe, or
+    cannot fork (stopped, killed or changed by a submission): the submission gets a fresh sandbox instead."""
 
 
 def _bwrap() -> str | None:

@@ -559,7 +559,7 @@ class ZygoteClient:
             env["AUTOGRADER_RANK_POOL"] = os.environ["AUTOGRADER_RANK_POOL"]
         self.proc = None
         if getattr(self.sandbox, "server", None) is not None:  # forked from the worker's fork server
-            from autograder.grading.forkserver import ForkServerUnavailable
+            from autograder.grading.sandbox import ForkServerUnavailable
 
             try:
                 self.proc = self.sandbox.start_zygote(self.inputs, self.workdir, self.output_limit, env)
