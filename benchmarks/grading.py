@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/grading.py                       # 40 submissions of 01 and 02, --jobs 2
     .venv/bin/python benchmarks/grading.py --assignments 02_tensor_parallel --total 14 --jobs 2
-    .venv/bin/python benchmarks/grading.py --assignments all --total 6 --no-pool-too   # one of each, pool on and off
+    .venv/bin/python benchmarks/grading.py --assignments all --total 6 --no-pool-too --no-server-too   # one of each
 
 Generates submissions (the reference, the untouched release and every kept
 mutant of each assignment, repeated until there are `--total`), grades them
@@ -16,7 +16,8 @@ in scratch copies of the course, and prints:
   how well it spreads over the cores; and, with `--jobs1`, the course's
   command with one worker too (how much of the speed-up is parallelism);
   with `--no-pool-too`, with every check on fresh ranks too (what the warm
-  ranks of autograder.runtime.pool save);
+  ranks of autograder.runtime.pool save); with `--no-server-too`, with a
+  fresh sandbox per submission too (what the workers' fork servers save);
 - whether every student's score per cell is the same under both (nbgrader's
   in-kernel verdict of the full source test cells against the trusted
   verdict: they must agree on these honest submissions);
@@ -131,8 +132,10 @@ def _plain_two_wide(subs, assignments) -> tuple[float, float | None, dict]:
     return wall, (c1 - c0 if c0 is not None else None), scores
 
 
-def _ours(root: str, assignments: list[str], jobs: int, pool: bool = True) -> tuple[float, float | None]:
+def _ours(root: str, assignments: list[str], jobs: int, pool: bool = True,
+          server: bool = True) -> tuple[float, float | None]:
     env = {**os.environ, "PYTHONPATH": root, "TORCH_CPP_LOG_LEVEL": "ERROR", "AUTOGRADER_RANK_POOL": "1" if pool else "0",
+           "AUTOGRADER_FORK_SERVER": "1" if server else "0",
            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
     c0, t0 = _busy_cpu_seconds(), time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "autograder.grade", "autograde", *assignments, "--jobs",
@@ -150,6 +153,9 @@ def main() -> None:
     ap.add_argument("--jobs1", action="store_true", help="also time the course's command with one worker")
     ap.add_argument("--no-pool-too", action="store_true",
                     help="also time the course's command with every check on fresh ranks (AUTOGRADER_RANK_POOL=0)")
+    ap.add_argument("--no-server-too", action="store_true",
+                    help="also time the course's command with a fresh sandbox per submission instead of forks of "
+                         "each worker's fork server (AUTOGRADER_FORK_SERVER=0)")
     args = ap.parse_args()
     if args.assignments == ["all"]:
         args.assignments = sorted(d for d in os.listdir(os.path.join(ROOT, "source")) if d[:2].isdigit())
@@ -175,16 +181,21 @@ def main() -> None:
         rows.append(("grade autograde --jobs 1", *_ours(ours, args.assignments, 1)))
     if args.no_pool_too:
         rows.append((f"grade autograde --jobs {args.jobs}, no pool", *_ours(ours, args.assignments, args.jobs, False)))
+    if args.no_server_too:
+        rows.append((f"grade autograde --jobs {args.jobs}, no server",
+                     *_ours(ours, args.assignments, args.jobs, server=False)))
     t_ours, cpu_ours = _ours(ours, args.assignments, args.jobs)
     rows.append((f"grade autograde --jobs {args.jobs}", t_ours, cpu_ours))
 
     a_scores, b_scores = _nbgrader_scores(plain), _nbgrader_scores(ours)
     differ = sorted(k for k in a_scores if a_scores[k] != b_scores.get(k) or a_scores[k] != wide_scores.get(k))
-    timings = []
+    timings, sandboxes = [], []
     for a in args.assignments:
         for name in os.listdir(os.path.join(ours, "graded", a)):
             with open(os.path.join(ours, "graded", a, name)) as f:
-                timings.append(json.load(f).get("timings", {}))
+                rec = json.load(f)
+            timings.append(rec.get("timings", {}))
+            sandboxes.append(rec.get("sandbox"))
     n = len(subs)
     print(f"\n{'':34}{'wall':>10}{'per submission':>17}{'busy CPU per submission':>26}")
     for label, wall, cpu in [("nbgrader autograde, sequential", t_plain, cpu_plain),
@@ -202,6 +213,8 @@ def main() -> None:
         if vals:
             print(f"  {key:<12} {statistics.median(vals):6.1f}")
     print(f"  (nbgrader's own start-up, an autograde with nothing to grade: {startup:.1f} s)")
+    print(f"  sandboxes: {sandboxes.count('forked')} forked from a worker's fork server, "
+          f"{len(sandboxes) - sandboxes.count('forked')} fresh")
     _cell_breakdown(plain, subs)
 
 

@@ -152,3 +152,15 @@ def test_the_gpu_check_grades_in_a_scratch_copy_without_the_course_results(tmp_p
     got = sorted(os.path.relpath(os.path.join(d, f), dest) for d, _, fs in os.walk(dest) for f in fs)
     assert got == ["autograder/x.py", "nbgrader_config.py", "release/a/n.ipynb", "source/a/n.ipynb"]
     assert os.path.realpath(os.path.join(dest, ".venv")) == str(root / "venv-real")
+
+
+def test_without_an_nvidia_driver_the_status_is_torch_s_own_without_importing_it(monkeypatch):
+    """nccl_status answers from the driver's files on Linux (a grading command's start need not import torch);
+    where torch is asked instead (a driver's file present), it says the same on this machine."""
+    import autograder.runtime.gpu as gpu
+
+    quick = gpu.nccl_status(2)
+    monkeypatch.setattr(gpu, "_DRIVER_PATHS", ("/",))  # as if a driver were there: torch decides
+    assert gpu.nccl_status(2) == quick or torch.cuda.is_available()
+    if not torch.cuda.is_available():
+        assert not quick[0] and quick[1].startswith("no CUDA device on this machine")

@@ -586,3 +586,20 @@ def test_a_server_changed_by_a_submission_is_not_forked_again():
         assert second["nofile"] != [20, 20] and not second["server_pid_parent"], second
     finally:
         server.close()
+
+
+@pytest.mark.skipif(not os.access("/sys/fs/cgroup", os.W_OK), reason="the fork server needs writable cgroups")
+def test_a_fork_that_cannot_make_its_sandbox_leaves_the_submission_a_fresh_one():
+    """A fork that fails before the submission's code runs (here: a folder to bind again that is gone) says so
+    on the channel; the grader starts a fresh sandbox for the submission, and forks no more from that server."""
+    from autograder.grading.forkserver import ForkServer
+
+    server = ForkServer(ROOT)
+    try:
+        binds = server.box._ro_paths
+        server.box._ro_paths = lambda: binds() + ["/tmp/autograder-gone-" + os.urandom(4).hex()]
+        second, how = _served(server, _SECOND, "look")
+    finally:
+        server.close()
+    assert how == "fresh" and server.broken
+    assert (second["uid"], second["CapEff"], second["Seccomp"]) == (1000, "0000000000000000", "2"), second

@@ -171,7 +171,7 @@ def _isolate(libc, program: bytes, scratch_bytes: int, shm_bytes: int, keep: lis
 def _child(control: socket.socket, request: dict, fds: list[int], program: bytes, server_pid: int) -> None:
     """A fork: the channel on fds 0 and 1, nothing else open; wait for the grader's byte (the cgroups are
     set), isolate, then run the zygote (or the probe). Never returns."""
-    code, said, started = 1, 1, False
+    code, started = 1, False
     try:
         control.detach()  # (its descriptor is closed below with the others)
         os.dup2(fds[0], 0)
@@ -193,7 +193,6 @@ def _child(control: socket.socket, request: dict, fds: list[int], program: bytes
         # and the submission's processes as a fresh sandbox's are
         _check(libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0), "dumpable")
         _isolate(libc, program, request["scratch_bytes"], request["shm_bytes"], request["keep"], request["links"])
-        said = os.dup(1)  # (the zygote puts its own log on 1)
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir("/tmp")
@@ -210,13 +209,13 @@ def _child(control: socket.socket, request: dict, fds: list[int], program: bytes
         code = 0
     except BaseException as exc:  # noqa: BLE001 - said on the channel (the probe reads it), then gone
         text = f"{type(exc).__name__}: {exc}"[:2000]
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # (on 1, the channel, until the zygote puts its log there)
             if request.get("op") != "zygote":
-                os.write(said, f"\nfork server: {text}\n".encode())
+                os.write(1, f"\nfork server: {text}\n".encode())
             elif not started:  # the fork, not the submission: the grader starts a fresh sandbox instead
                 from autograder.grading.trusted import send_frame
 
-                send_frame(said, {"fork_error": text})
+                send_frame(1, {"fork_error": text})
             # (an error of the zygote itself: gone, as a fresh sandbox's zygote would be)
     finally:
         with contextlib.suppress(Exception):
