@@ -303,29 +303,35 @@ _SUBMODULES: dict = {"key": None, "index": {}}
 
 def _find_imported_submodules(code, top_level_dependencies):
     """cloudpickle's `_find_imported_submodules` (the same result, in the same order) from an index of
-    sys.modules by package, made again only when sys.modules changes: cloudpickle scans all of sys.modules (2,000
-    names with torch) for each package a function refers to, 0.8 of the grader's 1.3 CPU-seconds of one
-    submission of 02 (issue 31)."""
+    sys.modules by package and by the first name after it, made again only when sys.modules changes:
+    cloudpickle scans all of sys.modules (2,000 names with torch) for each package a function refers to, 0.8 of
+    the grader's 1.3 CPU-seconds of one submission of 02 (issue 31). For the 834 functions of the course's checks:
+    cloudpickle's scan 0.83 CPU-seconds, an index by package 0.63, by package and first name 0.005."""
     import types
 
     key = (len(sys.modules), next(reversed(sys.modules), None))
     if _SUBMODULES["key"] != key:
-        index: dict[str, list[str]] = {}
-        for name in list(sys.modules):
+        # package prefix -> the first name after it -> [(place in sys.modules, module name, its names after it)]:
+        # a submodule can only be one the code refers to if its first name is among the code's names
+        index: dict[str, dict[str, list]] = {}
+        for place, name in enumerate(list(sys.modules)):
             if name is None:
                 continue
             parts = name.split(".")
             for i in range(1, len(parts)):
-                index.setdefault(".".join(parts[:i]) + ".", []).append(name)
+                index.setdefault(".".join(parts[:i]) + ".", {}).setdefault(parts[i], []).append(
+                    (place, name, frozenset(parts[i:])))
         _SUBMODULES.update(key=key, index=index)
+    names = set(code.co_names)
     subimports = []
     for x in top_level_dependencies:
         if isinstance(x, types.ModuleType) and hasattr(x, "__package__") and x.__package__:
-            prefix = x.__name__ + "."
-            for name in _SUBMODULES["index"].get(prefix, ()):
-                tokens = set(name[len(prefix):].split("."))
+            by_first = _SUBMODULES["index"].get(x.__name__ + ".", {})
+            found = sorted(entry for first in names.intersection(by_first) for entry in by_first[first]
+                           if entry[2] <= names)
+            for _, name, _ in found:
                 module = sys.modules.get(name)
-                if module is not None and not tokens - set(code.co_names):
+                if module is not None:
                     subimports.append(module)
     return subimports
 
