@@ -9,7 +9,8 @@ Two processes per submission:
   notebook as JSON, executes only the source notebook's test cells (the
   instructor's code, hidden tests included) with every name the student
   defines bound to a `StudentRef`, and decides every verdict itself;
-- the **zygote** (`_zygote_main`), a fresh interpreter in the sandbox, runs
+- the **zygote** (`_zygote_main`), in the sandbox (a fresh interpreter, or in a class run a fork of its
+  worker's fork server that made a sandbox of its own: autograder.grading.forkserver), runs
   the notebook's given, answer and scratch cells once, in order (never a
   test cell: the grader runs each check once, here), then serves the
   grader's requests: run a rank program on N ranks (it forks them, as
@@ -566,12 +567,10 @@ class ZygoteClient:
             except ForkServerUnavailable:  # (killed or changed by the last submission): a fresh sandbox instead
                 self.sandbox.server.broken = True  # (started anew for the next submission)
                 self.sandbox.server = None
-        if self.proc is not None:
-            pass
-        elif self.sandbox is not None:
+        if self.proc is None and self.sandbox is not None:
             self.proc = self.sandbox.popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                            stderr=subprocess.DEVNULL)
-        else:
+        elif self.proc is None:
             os.makedirs(self.workdir, exist_ok=True)
             self.proc = subprocess.Popen(cmd, env={**os.environ, **env, "TMPDIR": self.workdir}, cwd=self.workdir,
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
