@@ -44,6 +44,7 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import stat
@@ -53,6 +54,7 @@ import tempfile
 import time
 
 from autograder.grading.sandbox import ForkServerUnavailable  # (in sandbox: trusted catches it too)
+from autograder.grading.trusted import ZYGOTE_ENV  # (the server starts as a zygote would: every fork inherits it)
 
 __all__ = ["ForkServer", "ForkServerUnavailable", "ForkedProcess"]
 
@@ -369,7 +371,7 @@ class ForkServer:
                 self.proc = self.box.popen(
                     [sys.executable, "-c", "import sys; from autograder.grading.forkserver import _server_main; "
                      "_server_main(int(sys.argv[1]))", str(theirs.fileno())],
-                    env=_zygote_env(), pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                    env=ZYGOTE_ENV, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                     stdout=self._log, stderr=self._log)
             finally:
                 theirs.close()
@@ -463,11 +465,8 @@ class ForkServer:
         """A fork probed as a fresh sandbox is (`sandbox.probe`): refused unless it is as safe."""
         from autograder.grading import sandbox
 
-        secrets = [os.path.join(self.root, p) for p in ("source", "solutions", "tests", "submitted", "gradebook.db",
-                                                        "nbgrader_config.py")]
-        numbers = sandbox._SYSCALLS.get(sandbox._machine(), {})
-        proc = self.fork({"op": "probe", "argv": [json.dumps(secrets), json.dumps(numbers)],
-                          "env": self.box.env(_zygote_env())}, None)
+        argv, note = sandbox.probe_argv(self.root)
+        proc = self.fork({"op": "probe", "argv": argv, "env": self.box.env(ZYGOTE_ENV)}, None)
         out = b""
         try:
             deadline = time.monotonic() + 60
@@ -483,12 +482,10 @@ class ForkServer:
             proc.stdout.close()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(10)
-        text = out.decode("utf-8", "replace").strip()
-        try:
-            facts = json.loads(text.splitlines()[-1])
-        except (ValueError, IndexError):
-            raise ForkServerUnavailable(f"a fork of the server could not be probed: {text[-400:]}") from None
-        facts["grader_seccomp_filters"] = sandbox._status_field("Seccomp_filters")
+        text = out.decode("utf-8", "replace")
+        facts = sandbox.probe_facts(text, note)
+        if facts is None:
+            raise ForkServerUnavailable(f"a fork of the server could not be probed: {text.strip()[-400:]}")
         problems = sandbox.probe_problems(facts)
         if problems:
             raise ForkServerUnavailable("a fork of the server is not safe to grade in: " + "; ".join(problems))
@@ -506,11 +503,5 @@ class ForkServer:
         if getattr(self, "_log", None) is not None:
             self._log.close()
             self._log = None
-        import shutil
-
         shutil.rmtree(self.inputs_root, ignore_errors=True)
 
-
-def _zygote_env() -> dict:
-    """What a zygote's interpreter starts with (trusted.ZygoteClient.start): the server's, for every fork."""
-    return {"TORCH_CPP_LOG_LEVEL": "ERROR", "PYTHONHASHSEED": "0", "MPLBACKEND": "Agg"}

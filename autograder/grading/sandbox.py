@@ -153,6 +153,25 @@ print(json.dumps(facts))
 def probe(course_root: str | None = None) -> dict:
     """Facts measured inside a sandbox as every submission gets it (see `probe_problems`)."""
     root = os.path.realpath(course_root or os.getcwd())
+    argv, note = probe_argv(root)
+    with tempfile.TemporaryDirectory(prefix="autograder-probe-") as inputs:
+        box = Sandbox(root, inputs, check=False)
+        try:
+            code, out = box.run([sys.executable, "-I", "-S", "-c", _PROBE_CODE, *argv], timeout=60)
+        finally:
+            box.close()
+    facts = probe_facts(out, note)
+    if facts is None:
+        said = out.strip()[-400:].rstrip(".")
+        hints = failure_hints(said)
+        raise SandboxUnavailable(f"bubblewrap cannot create its sandbox here (exit {code}): {said}"
+                                 + (f". Likely cause: {'; '.join(hints)}" if hints else ""))
+    return facts
+
+
+def probe_argv(root: str) -> tuple[list[str], str | None]:
+    """The probe's arguments (the course's files that must not be visible, the numbers of the calls the filter
+    refuses on this machine) and why there is no filter to probe, if there is none."""
     secrets = [os.path.join(root, p) for p in ("source", "solutions", "tests", "submitted", "gradebook.db",
                                                "nbgrader_config.py")]
     try:
@@ -160,25 +179,22 @@ def probe(course_root: str | None = None) -> dict:
         numbers, note = _SYSCALLS[_machine()], None
     except SeccompUnavailable as exc:
         numbers, note = {}, str(exc)
-    with tempfile.TemporaryDirectory(prefix="autograder-probe-") as inputs:
-        box = Sandbox(root, inputs, check=False)
-        try:
-            code, out = box.run([sys.executable, "-I", "-S", "-c", _PROBE_CODE, json.dumps(secrets),
-                                 json.dumps(numbers)], timeout=60)
-        finally:
-            box.close()
+    return [json.dumps(secrets), json.dumps(numbers)], note
+
+
+def probe_facts(out: str, note: str | None) -> dict | None:
+    """The facts the probe printed last in `out`, with the grader's own seccomp filters (a container's profile:
+    the sandbox's must be one more, the course's); None if it printed none."""
     try:
         facts = json.loads(out.strip().splitlines()[-1])
-        # the grader's own filters (a container's profile): the sandbox's must be one more, the course's
-        facts["grader_seccomp_filters"] = _status_field("Seccomp_filters")
-        if note:
-            facts["seccomp_note"] = note
-        return facts
     except (ValueError, IndexError):
-        said = out.strip()[-400:].rstrip(".")
-        hints = failure_hints(said)
-        raise SandboxUnavailable(f"bubblewrap cannot create its sandbox here (exit {code}): {said}"
-                                 + (f". Likely cause: {'; '.join(hints)}" if hints else "")) from None
+        return None
+    if not isinstance(facts, dict):
+        return None
+    facts["grader_seccomp_filters"] = _status_field("Seccomp_filters")
+    if note:
+        facts["seccomp_note"] = note
+    return facts
 
 
 def _status_field(key: str) -> str | None:

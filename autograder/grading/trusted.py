@@ -174,6 +174,8 @@ _MAGIC = b"AGZ1"
 MAX_HEADER = 1 << 20  # a frame's JSON header
 MAX_REPLY = 256 << 20  # a reply's data (the ranks' tensors): more is refused, the process stopped
 RESERVE_MB = 32  # scratch space kept for the runner while the student's cells run
+# what the zygote's interpreter starts with (and a fork server's, which every fork inherits)
+ZYGOTE_ENV = {"TORCH_CPP_LOG_LEVEL": "ERROR", "PYTHONHASHSEED": "0", "MPLBACKEND": "Agg"}
 
 
 # A student function called by a check in the grader: its CPU budget (a verdict past it), and the wall clock
@@ -553,7 +555,7 @@ class ZygoteClient:
         cmd = [sys.executable, "-c", "from autograder.grading.trusted import _zygote_main; import sys; "
                "_zygote_main(sys.argv[1], sys.argv[2], int(sys.argv[3]))",
                self.inputs, self.workdir, str(self.output_limit)]
-        env = {"TORCH_CPP_LOG_LEVEL": "ERROR", "PYTHONHASHSEED": "0", "MPLBACKEND": "Agg"}
+        env = dict(ZYGOTE_ENV)
         if os.environ.get("AUTOGRADER_BACKSTOP_S"):  # the runner's wall-clock backstop (autograder.runtime.dist)
             env["AUTOGRADER_BACKSTOP_S"] = os.environ["AUTOGRADER_BACKSTOP_S"]
         if os.environ.get("AUTOGRADER_RANK_POOL"):  # "0": every check on fresh ranks (autograder.runtime.pool)
@@ -565,8 +567,7 @@ class ZygoteClient:
             try:
                 self.proc = self.sandbox.start_zygote(self.inputs, self.workdir, self.output_limit, env)
             except ForkServerUnavailable:  # (killed or changed by the last submission): a fresh sandbox instead
-                self.sandbox.server.broken = True  # (started anew for the next submission)
-                self.sandbox.server = None
+                self._without_server()
         if self.proc is None and self.sandbox is not None:
             self.proc = self.sandbox.popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                            stderr=subprocess.DEVNULL)
@@ -604,8 +605,7 @@ class ZygoteClient:
         if msg.get("fork_error") and getattr(self.sandbox, "server", None) is not None:
             # the fork server's child could not make its sandbox (not the submission's doing): a fresh one
             self.close()
-            self.sandbox.server.broken = True
-            self.sandbox.server = None
+            self._without_server()
             self.starts -= 1
             return self.start()
         if not msg.get("ready"):
@@ -616,6 +616,12 @@ class ZygoteClient:
         self.cell_errors = [{"cell": str(e.get("cell", ""))[:100], "error": str(e.get("error", ""))[:500],
                              "line": e["line"] if type(e.get("line")) is int and 0 < e["line"] < 1 << 30 else None}
                             for e in errors[:50] if isinstance(e, dict)] if isinstance(errors, list) else []
+
+    def _without_server(self) -> None:
+        """This submission on in a fresh sandbox; its fork server not forked from again (the class run starts
+        another for the next submission)."""
+        self.sandbox.server.broken = True
+        self.sandbox.server = None
 
     def _note_tampered(self, header: dict) -> None:
         said = header.get("tampered")
