@@ -132,10 +132,10 @@ def _plain_two_wide(subs, assignments) -> tuple[float, float | None, dict]:
     return wall, (c1 - c0 if c0 is not None else None), scores
 
 
-def _ours(root: str, assignments: list[str], jobs: int, pool: bool = True,
-          server: bool = True) -> tuple[float, float | None]:
+def _ours(root: str, assignments: list[str], jobs: int, pool: bool = True, server: bool = True,
+          spawn: bool = False) -> tuple[float, float | None]:
     env = {**os.environ, "PYTHONPATH": root, "TORCH_CPP_LOG_LEVEL": "ERROR", "AUTOGRADER_RANK_POOL": "1" if pool else "0",
-           "AUTOGRADER_FORK_SERVER": "1" if server else "0",
+           "AUTOGRADER_FORK_SERVER": "1" if server else "0", "AUTOGRADER_WORKER_START": "spawn" if spawn else "fork",
            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
     c0, t0 = _busy_cpu_seconds(), time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "autograder.grade", "autograde", *assignments, "--jobs",
@@ -156,6 +156,9 @@ def main() -> None:
     ap.add_argument("--no-server-too", action="store_true",
                     help="also time the course's command with a fresh sandbox per submission instead of forks of "
                          "each worker's fork server (AUTOGRADER_FORK_SERVER=0)")
+    ap.add_argument("--spawned-workers-too", action="store_true",
+                    help="also time the course's command with its workers spawned (each importing torch and the "
+                         "grader) instead of forked (AUTOGRADER_WORKER_START=spawn)")
     args = ap.parse_args()
     if args.assignments == ["all"]:
         args.assignments = sorted(d for d in os.listdir(os.path.join(ROOT, "source")) if d[:2].isdigit())
@@ -184,6 +187,9 @@ def main() -> None:
     if args.no_server_too:
         rows.append((f"grade autograde --jobs {args.jobs}, no server",
                      *_ours(ours, args.assignments, args.jobs, server=False)))
+    if args.spawned_workers_too:
+        rows.append((f"grade autograde --jobs {args.jobs}, spawned", *_ours(ours, args.assignments, args.jobs,
+                                                                            spawn=True)))
     t_ours, cpu_ours = _ours(ours, args.assignments, args.jobs)
     rows.append((f"grade autograde --jobs {args.jobs}", t_ours, cpu_ours))
 

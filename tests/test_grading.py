@@ -577,6 +577,28 @@ def test_a_worker_that_dies_is_replaced_and_its_submission_graded_once_more(cour
                 os.remove(os.path.join(course, "graded", A, f"{student}.json"))
 
 
+def test_a_forked_worker_has_the_environment_of_its_run_not_of_its_fork_server(course, tmp_path, monkeypatch):
+    """The workers are forked from multiprocessing's fork server (it imported torch and the grader once), which
+    keeps the environment it started with; each worker gets the grading process's own at its start. Two runs in
+    one process: the second, with AUTOGRADER_FORK_SERVER=0, grades on a fresh sandbox, from the same server."""
+    import multiprocessing.forkserver as mp_forkserver
+
+    from autograder.grading.classrun import grade_class
+
+    def run(name):
+        return grade_class(course, A, jobs=1, shard=(1, 1), out=str(tmp_path / name), students=["alice"],
+                           progress=False, force=True)[0]
+
+    first = run("first.json")
+    server = mp_forkserver._forkserver._forkserver_pid
+    assert server is not None, "the worker was not forked from multiprocessing's fork server"
+    monkeypatch.setenv("AUTOGRADER_FORK_SERVER", "0")
+    second = run("second.json")
+    assert mp_forkserver._forkserver._forkserver_pid == server
+    assert (first["sandbox"], second["sandbox"]) == ("forked", "fresh")
+    assert first["score"] == second["score"] == 12
+
+
 def test_a_second_backend_run_is_a_note_per_cell_never_points(course, tmp_path):
     """On a GPU grading node every test cell runs again with NCCL (`--nccl`): a note per cell in the table,
     the feedback and results.json, never points. The same machinery, run here with gloo as the second backend

@@ -807,8 +807,32 @@ def _longest_first(todo: list[dict], root: str) -> list[dict]:
     return sorted(todo, key=lambda job: -cost[job["assignment"]])
 
 
-def _worker(conn) -> None:
-    """A grading worker: grade the jobs it is sent, one at a time, until told to stop (None)."""
+# What every grading worker imports (the grader's side of the checks, the sandbox and its fork server, nbgrader's
+# feedback): imported once per grading process, by multiprocessing's fork server, which then forks each worker
+# (a spawned worker imported all of it again: 1-1.5 CPU-seconds each, at every start of the command).
+_WORKER_PRELOAD = ["torch", "autograder.grading.trusted", "autograder.grading.sandbox", "autograder.grading.forkserver",
+                   "autograder.grading.feedback", "nbgrader.api", "nbgrader.apps.api"]
+
+
+def _worker_context():
+    """Workers forked from multiprocessing's fork server (a process of its own that imported `_WORKER_PRELOAD`
+    and nothing of this process's state), or spawned (`AUTOGRADER_WORKER_START=spawn`, or where there is no
+    fork server). Either way a worker starts with this process's sys.path, working folder and, sent with it,
+    environment (`_worker`)."""
+    if os.environ.get("AUTOGRADER_WORKER_START") == "spawn" \
+            or "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(_WORKER_PRELOAD)
+    return ctx
+
+
+def _worker(conn, environ: dict | None = None) -> None:
+    """A grading worker: grade the jobs it is sent, one at a time, until told to stop (None). `environ`: the
+    grading process's environment when it started this worker (a forked worker has its fork server's)."""
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
     while True:
         try:
             job = conn.recv()
@@ -827,7 +851,8 @@ def _died(job: dict, why: str) -> dict:
 
 
 def _run_jobs(todo: list[dict], jobs: int, progress: bool, log, on_done=None) -> list[dict]:
-    """Grade the jobs in `jobs` worker processes (spawned: no state from this process), with a progress bar.
+    """Grade the jobs in `jobs` worker processes (`_worker_context`: no state from this process), with a progress
+    bar.
 
     Each worker grades one submission at a time, so the one whose worker dies (killed for its memory,
     a crash of the grader) is known: the worker is replaced and that submission graded once more; if it
@@ -842,14 +867,14 @@ def _run_jobs(todo: list[dict], jobs: int, progress: bool, log, on_done=None) ->
         names = sorted({job["assignment"] for job in todo})
         bar = tqdm(total=len(todo), unit="notebook", desc=f"grading {names[0]}" if len(names) == 1 else
                    f"grading {len(names)} assignments", dynamic_ncols=True, file=sys.stdout)
-    ctx = multiprocessing.get_context("spawn")
+    ctx = _worker_context()
     queue = list(todo)
     attempts: dict[tuple[str, str], int] = {}
     busy: dict = {}  # connection -> (process, job or None)
 
     def start_worker():
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_worker, args=(child,), daemon=True)
+        proc = ctx.Process(target=_worker, args=(child, dict(os.environ)), daemon=True)
         proc.start()
         child.close()
         busy[parent] = (proc, None)
