@@ -202,6 +202,36 @@ def test_the_runner_under_load_convicts_a_deadlock_and_passes_a_slow_run():
     assert "dist.recv(t, src=(rank + 1) % world_size)" in msg
 
 
+def test_the_pool_under_load_gives_up_a_deadlock_within_seconds_and_serves_a_slow_check():
+    """Warm ranks (autograder.runtime.pool) beside 6 burners per core: a deadlocked check is given back within
+    seconds (its ranks dispatch no op; their polling peers' wake-ups wait for a CPU, which kept the pool waiting
+    for its wall-clock limit of a minute per deadlocked check: 03's deadlocking mutant took 258 s to grade here,
+    80 s since), and a check that computes between collectives, starved, is still served by the pool."""
+    import cloudpickle
+
+    import autograder.runtime.agreement  # noqa: F401 - imported before forking, as the zygote does
+    from autograder.grading.trusted import dumps_by_value, resolve
+    from autograder.runtime.pool import GIVE_UP_WALL_S, RankPool
+
+    def request(fn, **kwargs):
+        return dumps_by_value((fn, 4, kwargs)), 4, kwargs
+
+    pool = RankPool(cloudpickle.loads, resolve, {})
+    try:
+        with burners(6 * (os.cpu_count() or 1)):
+            assert pool.run(*request(_slow_but_working, timeout=2)) == [4.0] * 4, pool.gave_up
+            t0 = time.monotonic()
+            assert pool.run(*request(_deadlock, timeout=20)) is None
+            given_up, why = time.monotonic() - t0, pool.gave_up
+            slow = pool.run(*request(_slow_but_working, timeout=2))
+            served_slow, why_slow = slow == [4.0] * 4, pool.gave_up
+    finally:
+        pool.close()
+    assert "no rank made progress" in why, why
+    assert given_up < GIVE_UP_WALL_S / 4, f"the deadlocked check was given up after {given_up:.0f} s ({why})"
+    assert served_slow, f"a slow, working check was given up under load: {why_slow}"
+
+
 def test_idle_scores_with_six_burners_per_core_beside_the_grading(tmp_path):
     _sandbox_required()
     problems = _grade_under_load([(a, "reference") for a in assignments()] + [WRONG], tmp_path, kernel=KERNEL)

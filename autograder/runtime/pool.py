@@ -59,9 +59,14 @@ MAX_WARM_RANKS = 12
 # A check in the pool is given up (and run fresh) past this share of its CPU budget on one rank, ...
 GIVE_UP_BUDGET_SHARE = 0.25
 GIVE_UP_CPU_MIN_S = 2.0
-# ... after this long with the ranks together running or waiting for a CPU less than a tenth of one CPU's time
-# (a deadlock, a sleep: a rank that waits for its peers at the end polls the store, a little), ...
+# ... after this long in which no rank dispatched a torch op (its count, autograder.runtime.agreement) or ran
+# half the time (a deadlock, a sleep; a rank that waits for its peers at the end polls the store, a little; a
+# check whose ranks keep no count: the ranks together ran or waited for a CPU less than a tenth of the time).
+# Not the time the ranks waited for a CPU where they count their ops: on a busy machine every wake-up of a
+# rank that polls waits there, and a pool whose ranks had stopped waited for its wall-clock limit below; a
+# rank that works but is starved still dispatches ops. Giving up is never a verdict (the check runs fresh), ...
 GIVE_UP_IDLE_S = 1.0
+_RAN_SHARE = 0.5
 _BUSY_SHARE = 0.1
 # ... or after this long on the clock.
 GIVE_UP_WALL_S = 60.0
@@ -217,7 +222,7 @@ class RankPool:
         for fd in pool.to:
             os.write(fd, line)
         cap = max(GIVE_UP_CPU_MIN_S, GIVE_UP_BUDGET_SHARE * timeout)
-        if self._replies(pool, GIVE_UP_WALL_S, cpu_cap=cap) is None:
+        if self._replies(pool, GIVE_UP_WALL_S, cpu_cap=cap, job=job if check else None) is None:
             return None
         results = []
         for rank in range(pool.world_size):
@@ -226,17 +231,22 @@ class RankPool:
         shutil.rmtree(job, ignore_errors=True)
         return results
 
-    def _replies(self, pool: _Pool, wall: float, cpu_cap: float | None = None) -> bool | None:
+    def _replies(self, pool: _Pool, wall: float, cpu_cap: float | None = None, job: str | None = None
+                 ) -> bool | None:
         """Wait for an "ok" from every rank; None (give up, the reason in `self.gave_up`) on anything else (see
-        the module docstring)."""
-        from autograder.runtime.dist import _sched
+        the module docstring). `job`: the check's folder, where its ranks count their ops."""
+        from autograder.runtime.dist import _progress, _sched
+
+        def counts():
+            got = [_progress(job, r) for r in range(pool.world_size)] if job else []
+            return [c[0] for c in got] if got and all(c is not None for c in got) else None
 
         t0 = time.monotonic()
         pending = dict(zip(pool.back, range(pool.world_size)))
         base = {r: _sched(pid) for r, pid in enumerate(pool.pids)}
         if any(v is None for v in base.values()):
             return self._give_up("a rank's scheduler record cannot be read")
-        seen = sum(v[0] + v[1] for v in base.values())
+        last, ops = base, counts()
         active_at = t0
         look_at = t0 + 0.25
         wait = 0.002
@@ -245,7 +255,7 @@ class RankPool:
             if now - t0 > wall:
                 return self._give_up(f"not finished after {wall:g} s")
             if now - active_at > GIVE_UP_IDLE_S:
-                return self._give_up(f"no rank ran or waited for a CPU for {GIVE_UP_IDLE_S:g} s")
+                return self._give_up(f"no rank made progress for {GIVE_UP_IDLE_S:g} s")
             ready, _, _ = select.select(list(pending), [], [], wait)
             wait = min(wait * 2, 0.05)
             for fd in ready:
@@ -270,10 +280,17 @@ class RankPool:
             now_sched = {r: _sched(pid) for r, pid in enumerate(pool.pids)}
             if any(v is None for v in now_sched.values()):
                 return self._give_up("a rank is gone")
-            total = sum(v[0] + v[1] for v in now_sched.values())
-            if total - seen > _BUSY_SHARE * window or any(v[2] for v in now_sched.values()):
+            now_ops = counts()
+            if any(v[2] for v in now_sched.values()):  # uninterruptible sleep: a page fault, disk I/O
+                active = True
+            elif now_ops is not None and ops is not None:
+                active = now_ops != ops or any(now_sched[r][0] - last[r][0] > _RAN_SHARE * window for r in now_sched)
+            else:
+                active = sum(v[0] + v[1] for v in now_sched.values()) - sum(v[0] + v[1] for v in last.values()) \
+                    > _BUSY_SHARE * window
+            if active:
                 active_at = time.monotonic()
-            seen = total
+            last, ops = now_sched, now_ops
             if cpu_cap is not None and any(now_sched[r][0] - base[r][0] > cpu_cap for r in now_sched):
                 return self._give_up(f"a rank computed for more than {cpu_cap:g} CPU-seconds")
         return True
