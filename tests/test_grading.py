@@ -580,10 +580,16 @@ def test_a_worker_that_dies_is_replaced_and_its_submission_graded_once_more(cour
 def test_a_forked_worker_has_the_environment_of_its_run_not_of_its_fork_server(course, tmp_path, monkeypatch):
     """The workers are forked from multiprocessing's fork server (it imported torch and the grader once), which
     keeps the environment it started with; each worker gets the grading process's own at its start. Two runs in
-    one process: the second, with AUTOGRADER_FORK_SERVER=0, grades on a fresh sandbox, from the same server."""
+    one process: the second, with AUTOGRADER_FORK_SERVER=0, grades on a fresh sandbox, from the same server.
+    A forked worker ends without Python's exit functions: it stops its sandbox's fork server and removes its
+    scratch folders itself (in TMPDIR, here a folder of the test's own)."""
     import multiprocessing.forkserver as mp_forkserver
 
     from autograder.grading.classrun import grade_class
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
 
     def run(name):
         return grade_class(course, A, jobs=1, shard=(1, 1), out=str(tmp_path / name), students=["alice"],
@@ -592,11 +598,16 @@ def test_a_forked_worker_has_the_environment_of_its_run_not_of_its_fork_server(c
     first = run("first.json")
     server = mp_forkserver._forkserver._forkserver_pid
     assert server is not None, "the worker was not forked from multiprocessing's fork server"
+    def ours():  # (torch keeps its compile cache there too: torchinductor_<user>)
+        return sorted(p.name for p in scratch.iterdir() if p.name.startswith("autograder-"))
+
+    left = ours()
     monkeypatch.setenv("AUTOGRADER_FORK_SERVER", "0")
     second = run("second.json")
     assert mp_forkserver._forkserver._forkserver_pid == server
     assert (first["sandbox"], second["sandbox"]) == ("forked", "fresh")
     assert first["score"] == second["score"] == 12
+    assert left == [] and ours() == [], f"a worker's scratch folders outlived it: {left or ours()}"
 
 
 def test_a_second_backend_run_is_a_note_per_cell_never_points(course, tmp_path):

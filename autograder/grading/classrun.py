@@ -833,14 +833,20 @@ def _worker(conn, environ: dict | None = None) -> None:
     if environ is not None:
         os.environ.clear()
         os.environ.update(environ)
-    while True:
-        try:
-            job = conn.recv()
-        except EOFError:
-            return
-        if job is None:
-            return
-        conn.send(grade_one(job))
+        tempfile.tempdir = None  # the temp folder named there (TMPDIR), not the one its fork server looked up
+    try:
+        while True:
+            try:
+                job = conn.recv()
+            except EOFError:
+                return
+            if job is None:
+                return
+            conn.send(grade_one(job))
+    finally:
+        # what the worker registered to be undone at its exit (its fork server stopped, its scratch folders
+        # removed): a forked multiprocessing process ends with os._exit, which runs no atexit function
+        atexit._run_exitfuncs()
 
 
 def _died(job: dict, why: str) -> dict:
