@@ -598,6 +598,7 @@ def test_a_forked_worker_has_the_environment_of_its_run_not_of_its_fork_server(c
     first = run("first.json")
     server = mp_forkserver._forkserver._forkserver_pid
     assert server is not None, "the worker was not forked from multiprocessing's fork server"
+
     def ours():  # (torch keeps its compile cache there too: torchinductor_<user>)
         return sorted(p.name for p in scratch.iterdir() if p.name.startswith("autograder-"))
 
