@@ -84,6 +84,15 @@ def _computes_forever(rank, world_size):
         pass
 
 
+def _computes_without_torch_ops(rank, world_size):
+    import time
+
+    t0, x = time.process_time(), 0
+    while time.process_time() - t0 < 1.0:  # a CPU-second of plain Python: no torch op dispatched
+        x += 1
+    return rank
+
+
 def _pids(rank, world_size):
     return os.getpid()
 
@@ -139,6 +148,12 @@ def test_a_check_that_does_not_succeed_is_given_back_and_its_pool_rebuilt(pool, 
     after = pool.run(_request(_pids, 2), 2, {})
     assert after is not None and set(after).isdisjoint(before), "the next check ran on the broken ranks"
     assert pool.declined == 1
+
+
+def test_ranks_that_compute_without_torch_ops_are_not_given_up(pool):
+    """More ranks than cores, each computing a CPU-second in plain Python (no op counted): each runs a fraction
+    of the time, the ranks together all of it, and the pool serves the check instead of giving it up as idle."""
+    assert pool.run(_request(_computes_without_torch_ops, 8), 8, {}) == list(range(8)), pool.gave_up
 
 
 def test_runs_the_pool_does_not_serve_go_to_fresh_ranks(pool):

@@ -59,9 +59,10 @@ MAX_WARM_RANKS = 12
 # A check in the pool is given up (and run fresh) past this share of its CPU budget on one rank, ...
 GIVE_UP_BUDGET_SHARE = 0.25
 GIVE_UP_CPU_MIN_S = 2.0
-# ... after this long in which no rank dispatched a torch op (its count, autograder.runtime.agreement) or ran
-# half the time (a deadlock, a sleep; a rank that waits for its peers at the end polls the store, a little; a
-# check whose ranks keep no count: the ranks together ran or waited for a CPU less than a tenth of the time).
+# ... after this long in which no rank dispatched a torch op (its count, autograder.runtime.agreement) and the
+# ranks together ran less than half the time (a deadlock, a sleep; a rank that waits for its peers at the end
+# polls the store, a little; more ranks than cores computing in plain Python each run a fraction of the time;
+# a check whose ranks keep no count: the ranks together ran or waited for a CPU less than a tenth of the time).
 # Not the time the ranks waited for a CPU where they count their ops: on a busy machine every wake-up of a
 # rank that polls waits there, and a pool whose ranks had stopped waited for its wall-clock limit below; a
 # rank that works but is starved still dispatches ops. Giving up is never a verdict (the check runs fresh), ...
@@ -284,7 +285,7 @@ class RankPool:
             if any(v[2] for v in now_sched.values()):  # uninterruptible sleep: a page fault, disk I/O
                 active = True
             elif now_ops is not None and ops is not None:
-                active = now_ops != ops or any(now_sched[r][0] - last[r][0] > _RAN_SHARE * window for r in now_sched)
+                active = now_ops != ops or sum(now_sched[r][0] - last[r][0] for r in now_sched) > _RAN_SHARE * window
             else:
                 active = sum(v[0] + v[1] for v in now_sched.values()) - sum(v[0] + v[1] for v in last.values()) \
                     > _BUSY_SHARE * window
